@@ -1,0 +1,197 @@
+"""The one typed configuration object of slurm-colloc.
+
+Every component (prolog, epilog, sidecar, CLI, devcluster) reads its settings from
+one TOML file, ``/etc/slurm/colloc.conf`` or the file named by ``$COLLOC_CONF``.
+Defaults live here and only here; ``docs/configuration.md`` is generated from the
+field docstrings (``colloc config --defaults``). Unknown keys and wrong types are
+rejected with a message naming the key, because a misspelt key that silently falls
+back to a default is how a site ends up running something it did not ask for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
+
+DEFAULT_PATH = Path("/etc/slurm/colloc.conf")
+ENV_VAR = "COLLOC_CONF"
+
+GpuBackendName = Literal["nvml", "sim"]
+StepUpPolicy = Literal["whole-gpu", "step"]
+MultiUserPolicy = Literal["one-user-per-gpu", "multi-user-mps"]
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used as written."""
+
+
+@dataclass(frozen=True)
+class CollocConfig:
+    """Site configuration. Field comments are the documentation of each key."""
+
+    # --- GPU access -------------------------------------------------------------
+    gpu_backend: GpuBackendName = "nvml"
+    """Where GPU state comes from. ``nvml`` on real nodes; ``sim`` only for the
+    devcluster, tests and demos. There is no fallback from one to the other."""
+    sim_state_dir: str = "/var/lib/colloc/sim"
+    """State directory of the simulated GPUs (``gpu_backend = "sim"`` only)."""
+
+    # --- Shards: the memory currency ----------------------------------------------
+    shard_mib: int = 1024
+    """GPU memory one gres/shard stands for. Per-GPU shard count = memory // shard."""
+    default_colloc_mib: int = 0
+    """Memory given to a ``--colloc`` job that arrives without an estimate.
+    0 means a whole GPU's worth of shards (the safe choice)."""
+
+    # --- Estimation ----------------------------------------------------------------
+    estimator: str = "layer-aware"
+    """Estimator used by ``sbatch --colloc`` when the user names none."""
+    history_db: str = "/var/lib/colloc/history.sqlite"
+    """Measured peaks per model fingerprint, read by the estimator's history hook."""
+
+    # --- MPS on the node ------------------------------------------------------------
+    mps_control: str = "nvidia-cuda-mps-control"
+    """Path or name of the MPS control binary (the sim backend uses its stand-in)."""
+    mps_root: str = "/run/colloc/mps"
+    """Per-GPU pipe and log directories are created under here (0700, root)."""
+    active_thread_percentage: int = 0
+    """MPS active thread percentage per client; 0 leaves SM sharing dynamic."""
+    multi_user_policy: MultiUserPolicy = "one-user-per-gpu"
+    """How jobs of different users share a GPU (see docs/node.md)."""
+
+    # --- OOM recovery ------------------------------------------------------------------
+    requeue_on_oom: bool = True
+    """Requeue a collocated job that died of GPU OOM onto a GPU of its own."""
+    step_up_policy: StepUpPolicy = "whole-gpu"
+    """``whole-gpu``: straight to all shards of one GPU. ``step``: first estimate +
+    max(5 GiB, 50%), then a whole GPU."""
+    max_requeues: int = 2
+    """Cap on OOM requeues per job."""
+    log_scan_tail_mib: int = 64
+    """How much of the end of each job log the epilog reads when looking for OOM."""
+    evidence_dir: str = "/var/lib/colloc/evidence"
+    """Where the epilog keeps copies of failed attempts' logs."""
+
+    # --- Metrics and accounting ---------------------------------------------------------
+    sample_interval_s: float = 1.0
+    """Sidecar sampling interval."""
+    metrics_dir: str = "/var/lib/colloc/metrics"
+    """Node-local per-job time series."""
+    metrics_retention_days: int = 14
+    """Per-job time series older than this are deleted."""
+    admin_comment_max_bytes: int = 4096
+    """Size cap of the encoded record written to AdminComment."""
+
+    # --- Logging ---------------------------------------------------------------------
+    log_file: str = "/var/log/slurm/colloc.log"
+    """Where node scripts log (also to syslog when available)."""
+
+    extra: dict[str, str] = field(default_factory=dict)
+    """Site-specific key/values for site plugins; never read by colloc itself."""
+
+
+def _check_value(name: str, hint: Any, value: Any) -> Any:
+    origin = getattr(hint, "__origin__", None)
+    if origin is Literal:
+        allowed = get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{name} = {value!r}: must be one of {', '.join(map(repr, allowed))}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} = {value!r}: must be true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} = {value!r}: must be an integer")
+        if value < 0:
+            raise ConfigError(f"{name} = {value!r}: must not be negative")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name} = {value!r}: must be a number")
+        if value <= 0:
+            raise ConfigError(f"{name} = {value!r}: must be positive")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} = {value!r}: must be a string")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ConfigError(f"{name}: must be a table of string values")
+        return dict(value)
+    raise ConfigError(f"{name}: unsupported type {hint!r}")  # pragma: no cover
+
+
+def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocConfig:
+    """Build a config from parsed TOML, rejecting unknown keys and wrong types."""
+    hints = get_type_hints(CollocConfig, include_extras=False)
+    known = {f.name for f in dataclasses.fields(CollocConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
+    values = {k: _check_value(f"{origin}: {k}", hints[k], v) for k, v in data.items()}
+    cfg = CollocConfig(**values)
+    if cfg.shard_mib < 64:
+        raise ConfigError(f"{origin}: shard_mib = {cfg.shard_mib}: must be at least 64 MiB")
+    if not 0 <= cfg.active_thread_percentage <= 100:
+        raise ConfigError(f"{origin}: active_thread_percentage must be 0..100")
+    return cfg
+
+
+def config_path() -> Path:
+    """The file :func:`load` reads: ``$COLLOC_CONF`` if set, else the default."""
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+
+
+def load(path: Path | str | None = None, *, missing_ok: bool = True) -> CollocConfig:
+    """Load the configuration file.
+
+    A missing default file gives the defaults (a login node may have no colloc.conf);
+    a file named explicitly (argument or ``$COLLOC_CONF``) must exist.
+    """
+    explicit = path is not None or bool(os.environ.get(ENV_VAR))
+    p = Path(path) if path is not None else config_path()
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        if explicit or not missing_ok:
+            raise ConfigError(f"{p}: configuration file not found") from None
+        return CollocConfig()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read configuration: {e.strerror}") from e
+    if len(raw) > 1 << 20:
+        raise ConfigError(f"{p}: configuration file larger than 1 MiB")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from e
+    return from_mapping(data, origin=str(p))
+
+
+def dump(cfg: CollocConfig) -> str:
+    """Render a config as TOML (only simple scalar types are used)."""
+    lines = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, dict):
+            continue
+        if isinstance(v, bool):
+            lines.append(f"{f.name} = {'true' if v else 'false'}")
+        elif isinstance(v, int | float):
+            lines.append(f"{f.name} = {v}")
+        else:
+            lines.append(f'{f.name} = "{v}"')
+    if cfg.extra:
+        lines.append("\n[extra]")
+        lines.extend(f'{k} = "{v}"' for k, v in sorted(cfg.extra.items()))
+    return "\n".join(lines) + "\n"
