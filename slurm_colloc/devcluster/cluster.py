@@ -1,0 +1,395 @@
+"""Bring a private one-node Slurm cluster with simulated GPUs up and down.
+
+Real daemons from Debian's packages (munged, MariaDB, slurmdbd, slurmctld, slurmd),
+each with its own pid file, log and port under one root directory. ``up`` either
+finishes with the node idle in ``sinfo`` or stops everything it started and raises
+a :class:`DaemonError` naming the daemon and its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_colloc.devcluster import configs, daemons
+from slurm_colloc.devcluster.daemons import Daemon, DaemonError
+from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Layout, Spec
+from slurm_colloc.devcluster.packages import ensure_packages
+
+log = logging.getLogger("colloc.devcluster")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    """One devcluster, addressed by its root directory."""
+
+    layout: Layout
+    spec: Spec
+
+    @classmethod
+    def at(cls, root: Path | str = DEFAULT_ROOT, spec: Spec | None = None) -> Cluster:
+        """The cluster at ``root``: its saved spec if it has one, else ``spec``/defaults."""
+        layout = Layout(Path(root))
+        if spec is None and layout.spec_file.exists():
+            spec = Spec.from_json(layout.spec_file.read_text())
+        return cls(layout, spec or Spec())
+
+    # ---------------------------------------------------------------- environment
+    @property
+    def venv_bin(self) -> Path:
+        """Directory of the Python running colloc (its console scripts live there)."""
+        return Path(sys.executable).parent
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients and daemons of this cluster."""
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))
+        }
+        env["SLURM_CONF"] = str(self.layout.slurm_conf)
+        env["COLLOC_CONF"] = str(self.layout.colloc_conf)
+        path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env["PATH"] = f"{self.venv_bin}:{path}:/usr/sbin:/sbin"
+        return env
+
+    def export_lines(self) -> str:
+        """Shell lines a user evaluates to use the cluster."""
+        return (
+            f"export SLURM_CONF={self.layout.slurm_conf}\n"
+            f"export COLLOC_CONF={self.layout.colloc_conf}\n"
+            f'export PATH={self.venv_bin}:"$PATH"\n'
+        )
+
+    # ---------------------------------------------------------------- daemons
+    def daemons(self) -> list[Daemon]:
+        """The daemons in start order."""
+        L, s = self.layout, self.spec
+        return [
+            Daemon(
+                "munged",
+                (
+                    "/usr/sbin/munged",
+                    f"--socket={L.munge_socket}",
+                    f"--key-file={L.munge / 'munge.key'}",
+                    f"--pid-file={L.munge / 'munged.pid'}",
+                    f"--log-file={L.munge / 'munged.log'}",
+                    f"--seed-file={L.munge / 'munged.seed'}",
+                    "--force",
+                ),
+                L.munge / "munged.pid",
+                L.munge / "munged.log",
+                "munged",
+                user="munge",
+                capture_file=L.log / "munged.stdout",
+            ),
+            Daemon(
+                "mariadb",
+                (
+                    "/usr/sbin/mariadbd",
+                    "--no-defaults",
+                    f"--datadir={L.mysql / 'data'}",
+                    f"--socket={L.mysql_socket}",
+                    f"--port={s.mysql_port}",
+                    "--bind-address=127.0.0.1",
+                    f"--pid-file={L.mysql / 'mariadb.pid'}",
+                    f"--log-error={L.log / 'mariadb.log'}",
+                    "--user=mysql",
+                    "--skip-name-resolve",
+                    "--innodb-buffer-pool-size=128M",
+                    "--innodb-log-file-size=64M",
+                    "--innodb-lock-wait-timeout=900",
+                    "--max-allowed-packet=16M",
+                ),
+                L.mysql / "mariadb.pid",
+                L.log / "mariadb.log",
+                "mariadbd",
+            ),
+            Daemon(
+                "slurmdbd", ("/usr/sbin/slurmdbd",), L.run / "slurmdbd.pid",
+                L.log / "slurmdbd.log", "slurmdbd",
+            ),
+            Daemon(
+                "slurmctld", ("/usr/sbin/slurmctld",), L.run / "slurmctld.pid",
+                L.log / "slurmctld.log", "slurmctld",
+            ),
+            Daemon(
+                "slurmd", ("/usr/sbin/slurmd", "-N", s.node_name),
+                L.run / f"slurmd-{s.node_name}.pid", L.log / f"slurmd-{s.node_name}.log",
+                "slurmd",
+            ),
+        ]
+
+    def status(self) -> dict[str, int | None]:
+        """Pid of each daemon, None where it is not running."""
+        return {d.name: daemons.running(d) for d in self.daemons()}
+
+    def is_up(self) -> bool:
+        """All daemons running and the node usable."""
+        return self.layout.spec_file.exists() and all(v is not None for v in self.status().values())
+
+    # ---------------------------------------------------------------- up
+    def up(self, *, install: bool = True, timeout: float = 60) -> float:
+        """Bring the cluster up; idempotent. Returns seconds taken."""
+        t0 = time.monotonic()
+        self.spec.validate()
+        if os.geteuid() != 0:
+            raise DaemonError("colloc devcluster up must run as root (it starts munged, slurmd)")
+        if self.layout.spec_file.exists():
+            saved = Spec.from_json(self.layout.spec_file.read_text())
+            if saved != self.spec:
+                raise DaemonError(
+                    f"a devcluster with another shape exists at {self.layout.root}; "
+                    "run `colloc devcluster down` first"
+                )
+            if self.is_up() and self._node_ready():
+                log.info("devcluster already up at %s", self.layout.root)
+                return time.monotonic() - t0
+            log.info("devcluster partly up; restarting it")
+            self.down()
+        if install:
+            ensure_packages()
+        self._check_ports()
+        started: list[Daemon] = []
+        try:
+            self._write_files()
+            steps: list[tuple[Daemon, Callable[[], bool]]] = list(
+                zip(self.daemons(), self._readiness(), strict=True)
+            )
+            for d, ready in steps:
+                if d.name == "slurmctld":
+                    self._register_accounting()
+                log.info("starting %s", d.name)
+                started.append(d)
+                daemons.start(d, self.env(), ready, timeout=timeout)
+                if d.name == "mariadb":
+                    self._create_db_user()
+            self._wait_node_idle(timeout)
+        except BaseException:
+            for d in reversed(started):
+                daemons.stop(d)
+            self._kill_cluster_processes()
+            raise
+        return time.monotonic() - t0
+
+    def _check_ports(self) -> None:
+        s = self.spec
+        for name, port in [
+            ("mariadb", s.mysql_port), ("slurmdbd", s.dbd_port),
+            ("slurmctld", s.ctld_port), ("slurmd", s.slurmd_port),
+        ]:
+            if not daemons.port_free(port):
+                raise DaemonError(
+                    f"{name}: port {port} on 127.0.0.1 is already in use; stop whatever "
+                    f"listens there (ss -ltnp 'sport = :{port}') or choose another port"
+                )
+
+    def _readiness(self) -> list[Callable[[], bool]]:
+        L, s = self.layout, self.spec
+        return [
+            lambda: L.munge_socket.exists(),
+            lambda: L.mysql_socket.exists() and daemons.port_open(s.mysql_port),
+            lambda: daemons.port_open(s.dbd_port),
+            lambda: self._quiet_ok(["scontrol", "ping"]),
+            lambda: daemons.port_open(s.slurmd_port),
+        ]
+
+    def _quiet_ok(self, argv: list[str]) -> bool:
+        cp = subprocess.run(argv, env=self.env(), capture_output=True, text=True, check=False)
+        return cp.returncode == 0 and "DOWN" not in cp.stdout
+
+    def _run(self, argv: list[str], what: str, input_text: str | None = None) -> str:
+        cp = subprocess.run(
+            argv, env=self.env(), capture_output=True, text=True, check=False, input=input_text
+        )
+        if cp.returncode != 0:
+            raise DaemonError(f"{what} failed: {' '.join(argv[:3])}: {cp.stderr.strip()}")
+        return cp.stdout
+
+    def _write_files(self) -> None:
+        L, s = self.layout, self.spec
+        for p in (L.root, L.etc, L.log, L.run, L.dev, L.bin, L.slurm_state, L.spool, L.colloc_var):
+            p.mkdir(parents=True, exist_ok=True)
+            p.chmod(0o755)
+        for sub in ("evidence", "metrics"):
+            (L.colloc_var / sub).mkdir(exist_ok=True)
+        # munge: its dirs must belong to munge and not be writable by others
+        L.munge.mkdir(mode=0o700, exist_ok=True)
+        key = L.munge / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        for p in (L.munge, key):
+            shutil.chown(p, "munge", "munge")
+        # mariadb data dir
+        (L.mysql).mkdir(exist_ok=True)
+        shutil.chown(L.mysql, "mysql", "mysql")
+        if not (L.mysql / "data" / "mysql").exists():
+            self._run(
+                [
+                    "/usr/bin/mariadb-install-db", "--no-defaults", f"--datadir={L.mysql / 'data'}",
+                    "--user=mysql", "--auth-root-authentication-method=socket",
+                    "--skip-test-db",
+                ],
+                "initialising the MariaDB data directory",
+            )
+        # simulated GPUs: character devices gres.conf accepts (null devices)
+        for i in range(s.gpus):
+            dev = L.gpu_device(i)
+            if not dev.exists():
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        password = configs.new_password()
+        (L.root / "db.password").write_text(password)
+        (L.root / "db.password").chmod(0o600)
+        L.slurm_conf.write_text(configs.slurm_conf(s, L, self._node_scripts()))
+        (L.etc / "gres.conf").write_text(configs.gres_conf(s, L))
+        dbd = L.etc / "slurmdbd.conf"
+        dbd.write_text(configs.slurmdbd_conf(s, L, password))
+        dbd.chmod(0o600)
+        L.colloc_conf.write_text(configs.colloc_conf(s, L, self.venv_bin))
+        self._init_sim()
+        L.spec_file.write_text(self.spec.to_json())
+
+    def _node_scripts(self) -> dict[str, Path]:
+        """Wrappers for colloc's node scripts, when they exist in this checkout."""
+        if not self.spec.node_scripts:
+            return {}
+        scripts = {
+            "Prolog": REPO_ROOT / "prolog" / "colloc_prolog.py",
+            "TaskProlog": REPO_ROOT / "prolog" / "colloc_task_prolog.py",
+            "Epilog": REPO_ROOT / "epilog" / "colloc_epilog.py",
+        }
+        out = {}
+        for key, script in scripts.items():
+            if not script.exists():
+                continue
+            wrapper = self.layout.bin / f"colloc-{key.lower()}"
+            wrapper.write_text(
+                "#!/bin/sh\n# generated by colloc devcluster: Slurm gives node scripts no PATH\n"
+                f"export COLLOC_CONF={self.layout.colloc_conf}\n"
+                f"export SLURM_CONF={self.layout.slurm_conf}\n"
+                f'exec {sys.executable} {script} "$@"\n'
+            )
+            wrapper.chmod(0o755)
+            out[key] = wrapper
+        return out
+
+    def _init_sim(self) -> None:
+        from slurm_colloc.gpu.sim.state import init_state
+
+        init_state(
+            self.layout.sim, gpu_count=self.spec.gpus, memory_mib=self.spec.gpu_memory_mib
+        )
+
+    def _create_db_user(self) -> None:
+        password = (self.layout.root / "db.password").read_text().strip()
+        sql = (
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';\n"
+            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';\n"
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';\n"
+            "FLUSH PRIVILEGES;\n"
+        )
+        self._run(
+            ["/usr/bin/mariadb", "--no-defaults", "-S", str(self.layout.mysql_socket), "-u", "root"],
+            "creating the slurm database user",
+            input_text=sql,
+        )
+
+    def _register_accounting(self) -> None:
+        s = self.spec
+        deadline = time.monotonic() + 20
+        while True:
+            cp = subprocess.run(
+                ["sacctmgr", "-i", "add", "cluster", s.cluster_name],
+                env=self.env(), capture_output=True, text=True, check=False,
+            )
+            if cp.returncode == 0 or "already exists" in (cp.stdout + cp.stderr):
+                break
+            if time.monotonic() > deadline:
+                raise DaemonError(
+                    f"slurmdbd: cannot register cluster: {cp.stderr.strip()} "
+                    f"(see {self.layout.log / 'slurmdbd.log'})"
+                )
+            time.sleep(0.3)
+        subprocess.run(
+            ["sacctmgr", "-i", "add", "account", "colloc", f"cluster={s.cluster_name}",
+             "Description=devcluster", "Organization=colloc"],
+            env=self.env(), capture_output=True, check=False,
+        )
+        self.add_user("root")
+
+    def add_user(self, user: str) -> None:
+        """Give a Unix user an association so accounting records its jobs."""
+        subprocess.run(
+            ["sacctmgr", "-i", "add", "user", user, "account=colloc",
+             f"cluster={self.spec.cluster_name}"],
+            env=self.env(), capture_output=True, check=False,
+        )
+
+    def _node_ready(self) -> bool:
+        cp = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t", "-n", self.spec.node_name],
+            env=self.env(), capture_output=True, text=True, check=False,
+        )
+        return cp.returncode == 0 and any(
+            line.split()[1].rstrip("*") in ("idle", "mix", "alloc")
+            for line in cp.stdout.splitlines()
+            if len(line.split()) == 2
+        )
+
+    def _wait_node_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._node_ready():
+                return
+            time.sleep(0.2)
+        node_log = self.layout.log / f"slurmd-{self.spec.node_name}.log"
+        raise DaemonError(
+            f"slurmd: node {self.spec.node_name} did not become idle in {timeout:.0f}s; "
+            f"see {node_log} and {self.layout.log / 'slurmctld.log'}:\n"
+            f"{daemons.log_tail(node_log)}"
+        )
+
+    # ---------------------------------------------------------------- down
+    def down(self, *, keep_logs: Path | None = None) -> list[str]:
+        """Stop what we started, kill leftover job processes, remove the root dir."""
+        stopped = []
+        if self.layout.slurm_conf.exists() and daemons.running(self.daemons()[3]):
+            with contextlib.suppress(OSError):
+                subprocess.run(
+                    ["scancel", "--full", "--state=RUNNING,PENDING,SUSPENDED",
+                     "--user=" + "root"], env=self.env(), capture_output=True, timeout=20,
+                    check=False,
+                )
+        for d in reversed(self.daemons()):
+            if daemons.stop(d):
+                stopped.append(d.name)
+        self._kill_cluster_processes()
+        if keep_logs is not None and self.layout.log.exists():
+            shutil.copytree(self.layout.log, keep_logs, dirs_exist_ok=True)
+        if self.layout.root.exists():
+            shutil.rmtree(self.layout.root, ignore_errors=True)
+        return stopped
+
+    def _kill_cluster_processes(self) -> None:
+        """Jobs, slurmstepds and MPS stand-ins of this cluster carry its SLURM_CONF."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = daemons.cluster_processes(
+                "SLURM_CONF", str(self.layout.slurm_conf), str(self.layout.root)
+            )
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            if not pids:
+                return
+            time.sleep(0.5)

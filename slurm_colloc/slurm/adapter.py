@@ -1,0 +1,235 @@
+"""All talk with Slurm goes through here.
+
+pyslurm cannot be used with Debian's Slurm 22.05 (PyPI carries only pyslurm 25.11 and
+17/18 releases), so the shipped implementation drives Slurm's own commands with
+``--json`` / ``--parsable2`` output. :class:`SlurmAdapter` is the seam: a site whose
+Slurm matches a pyslurm release can add a ``PyslurmAdapter`` with the same methods,
+and unit tests swap in a fake without patching subprocess everywhere.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SACCT_FIELDS = (
+    "JobIDRaw",
+    "JobName",
+    "User",
+    "State",
+    "ExitCode",
+    "Restarts",
+    "Submit",
+    "Start",
+    "End",
+    "Elapsed",
+    "AllocTRES",
+    "ReqTRES",
+    "NodeList",
+    "AdminComment",
+    "Comment",
+)
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message carries the command and its stderr."""
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One job (not step) line from sacct, fields by name."""
+
+    job_id: str
+    state: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> str:
+        """``N:S`` (exit status : signal) as sacct prints it."""
+        return self.fields.get("ExitCode", "")
+
+
+class SlurmAdapter(abc.ABC):
+    """What colloc needs from Slurm; one method per question or action."""
+
+    @abc.abstractmethod
+    def submit(
+        self, script: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> int:
+        """Submit a batch script (text), return the job id."""
+
+    @abc.abstractmethod
+    def show_job(self, job_id: int | str) -> dict[str, Any] | None:
+        """``scontrol show job`` as a dict (None when the controller forgot the job)."""
+
+    @abc.abstractmethod
+    def accounting(self, job_ids: Sequence[int | str]) -> list[AccountingRecord]:
+        """Accounting lines (allocation level, not steps) for these jobs."""
+
+    @abc.abstractmethod
+    def update_job(self, job_id: int | str, **settings: str) -> None:
+        """``scontrol update jobid=N Key=Value ...`` for a job the controller still has."""
+
+    @abc.abstractmethod
+    def requeue(self, job_id: int | str, *, hold: bool = False) -> None:
+        """Requeue a (finished or running) batch job."""
+
+    @abc.abstractmethod
+    def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
+        """Set AdminComment of a finished job in slurmdbd (sacctmgr; lowercases!)."""
+
+    @abc.abstractmethod
+    def nodes(self) -> list[dict[str, Any]]:
+        """``scontrol show nodes`` as dicts."""
+
+    @abc.abstractmethod
+    def cancel(self, job_ids: Sequence[int | str]) -> None:
+        """scancel the jobs."""
+
+
+_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_:/.]*$")
+
+
+def _kv_records(text: str) -> list[dict[str, str]]:
+    """Parse ``scontrol -o show ...`` output: one record per line, Key=Value tokens.
+
+    A few values contain spaces (Command, WorkDir, Comment, Reason), so a token that
+    does not start with ``Key=`` is glued to the previous value.
+    """
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        rec: dict[str, str] = {}
+        last: str | None = None
+        for token in line.split(" "):
+            key, eq, value = token.partition("=")
+            if eq and _KEY.match(key):
+                rec[key] = value
+                last = key
+            elif last is not None and token:
+                rec[last] += " " + token
+        records.append(rec)
+    return records
+
+
+class SlurmCli(SlurmAdapter):
+    """The adapter over Slurm's command-line tools.
+
+    ``env`` lets callers point at a private cluster (``SLURM_CONF``) without
+    touching this process's environment; ``bindir`` pins the tools for code that
+    runs with no PATH (Prolog/Epilog).
+    """
+
+    def __init__(
+        self, env: Mapping[str, str] | None = None, bindir: str | None = None, timeout: float = 60
+    ) -> None:
+        self._env = dict(os.environ if env is None else env)
+        self._env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        self._bindir = bindir
+        self._timeout = timeout
+
+    def _tool(self, name: str) -> str:
+        if self._bindir:
+            return os.path.join(self._bindir, name)
+        found = shutil.which(name, path=self._env.get("PATH"))
+        if not found:
+            raise SlurmError(f"{name}: not found on PATH (is slurm-client installed?)")
+        return found
+
+    def run(
+        self, tool: str, *args: str, input_text: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one Slurm tool with argv (never a shell)."""
+        argv = [self._tool(tool), *args]
+        try:
+            cp = subprocess.run(
+                argv,
+                input=input_text,
+                capture_output=True,
+                text=True,
+                env=self._env,
+                timeout=self._timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise SlurmError(f"{' '.join(argv)}: timed out after {self._timeout:.0f}s") from e
+        if check and cp.returncode != 0:
+            raise SlurmError(
+                f"{' '.join(argv)}: exit {cp.returncode}: {cp.stderr.strip() or cp.stdout.strip()}"
+            )
+        return cp
+
+    def submit(
+        self, script: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> int:
+        cp = self.run("sbatch", "--parsable", *args, input_text=script)
+        out = cp.stdout.strip().split(";")[0]
+        try:
+            return int(out)
+        except ValueError as e:
+            raise SlurmError(f"sbatch printed no job id: {cp.stdout!r} {cp.stderr!r}") from e
+
+    def show_job(self, job_id: int | str) -> dict[str, Any] | None:
+        cp = self.run("scontrol", "-o", "-d", "show", "job", str(job_id), check=False)
+        if cp.returncode != 0:
+            if "Invalid job id" in cp.stderr:
+                return None
+            raise SlurmError(f"scontrol show job {job_id}: {cp.stderr.strip()}")
+        recs = _kv_records(cp.stdout)
+        return dict(recs[0]) if recs else None
+
+    def accounting(self, job_ids: Sequence[int | str]) -> list[AccountingRecord]:
+        if not job_ids:
+            return []
+        cp = self.run(
+            "sacct",
+            "--parsable2",
+            "--noheader",
+            "--allocations",
+            "--duplicates",
+            f"--format={','.join(SACCT_FIELDS)}",
+            "--jobs",
+            ",".join(str(j) for j in job_ids),
+        )
+        out = []
+        for line in cp.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) != len(SACCT_FIELDS):
+                continue
+            rec = dict(zip(SACCT_FIELDS, parts, strict=True))
+            out.append(AccountingRecord(rec["JobIDRaw"], rec["State"], rec))
+        return out
+
+    def update_job(self, job_id: int | str, **settings: str) -> None:
+        self.run("scontrol", "update", f"jobid={job_id}", *(f"{k}={v}" for k, v in settings.items()))
+
+    def requeue(self, job_id: int | str, *, hold: bool = False) -> None:
+        self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
+        self.run(
+            "sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+            f"AdminComment={value}",
+        )
+
+    def nodes(self) -> list[dict[str, Any]]:
+        cp = self.run("scontrol", "-o", "show", "nodes")
+        return [dict(r) for r in _kv_records(cp.stdout)]
+
+    def cancel(self, job_ids: Sequence[int | str]) -> None:
+        if job_ids:
+            self.run("scancel", *(str(j) for j in job_ids), check=False)
+
+    def squeue_json(self) -> dict[str, Any]:
+        """``squeue --json`` (all jobs the controller knows)."""
+        data = json.loads(self.run("squeue", "--json").stdout)
+        assert isinstance(data, dict)
+        return data
