@@ -233,3 +233,53 @@ class SlurmCli(SlurmAdapter):
         data = json.loads(self.run("squeue", "--json").stdout)
         assert isinstance(data, dict)
         return data
+
+
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+        "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+    }
+)
+
+
+def job_state(adapter: SlurmAdapter, job_id: int | str) -> str:
+    """The job's current state: the controller's view while it has one, else sacct's.
+
+    The controller is authoritative (it knows COMPLETING and requeues at once);
+    sacct lags behind slurmdbd but remembers jobs the controller has purged.
+    """
+    info = adapter.show_job(job_id)
+    if info is not None:
+        return info.get("JobState", "UNKNOWN")
+    recs = adapter.accounting([job_id])
+    return recs[-1].state.split()[0] if recs else "UNKNOWN"
+
+
+def wait_for_jobs(
+    adapter: SlurmAdapter, job_ids: Sequence[int | str], timeout: float = 300,
+    poll: float = 0.5,
+) -> dict[str, str]:
+    """Block until every job is in a terminal state; return job id -> state.
+
+    Raises TimeoutError naming the jobs still running, so a test or benchmark that
+    hangs says which job it waited for.
+    """
+    import time
+
+    pending = {str(j) for j in job_ids}
+    done: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for j in sorted(pending):
+            state = job_state(adapter, j)
+            if state in TERMINAL_STATES:
+                done[j] = state
+        pending -= set(done)
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            states = {j: job_state(adapter, j) for j in sorted(pending)}
+            raise TimeoutError(f"jobs still not finished after {timeout:.0f}s: {states}")
+        time.sleep(poll)
+    return done

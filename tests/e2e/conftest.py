@@ -1,0 +1,48 @@
+"""End-to-end fixtures: one real devcluster per test session.
+
+The cluster uses its own root and ports so that it never collides with a demo
+cluster a developer left running. Tests fail (not skip) without root: a skipped
+end-to-end suite must not look like a passing one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.devcluster.layout import Layout, Spec
+from slurm_colloc.slurm.adapter import SlurmCli
+
+TEST_ROOT = Path(os.environ.get("COLLOC_TEST_ROOT", "/var/lib/colloc-devcluster-test"))
+TEST_SPEC = Spec(ctld_port=26817, slurmd_port=26818, dbd_port=26819, mysql_port=23306)
+LOG_KEEP = Path(__file__).resolve().parents[2] / ".pytest_cache" / "devcluster-logs"
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.fail("end-to-end tests start slurmd/munged and need root (run `make test` as root)")
+    c = Cluster(Layout(TEST_ROOT), TEST_SPEC)
+    c.down()  # leftovers of an interrupted run
+    c.up(timeout=90)
+    yield c
+    c.down(keep_logs=LOG_KEEP)
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster: Cluster) -> SlurmCli:
+    return SlurmCli(env=cluster.env())
+
+
+@pytest.fixture
+def workdir(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
+    """A fresh job directory any user can write (jobs may run as another user)."""
+    d = cluster.layout.root / "jobs" / request.node.name.replace("/", "_")[:80]
+    d.mkdir(parents=True, exist_ok=True)
+    d.parent.chmod(0o755)
+    d.chmod(0o1777)
+    return d

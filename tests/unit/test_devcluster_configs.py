@@ -1,0 +1,40 @@
+"""Rendering of the devcluster's Slurm configuration (no daemons needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_colloc.devcluster import configs
+from slurm_colloc.devcluster.layout import Layout, Spec
+
+
+def test_gres_conf_binds_shards_per_gpu() -> None:
+    spec = Spec(gpus=3, gpu_memory_mib=40960, shard_mib=1024)
+    text = configs.gres_conf(spec, Layout(Path("/r")))
+    shard_lines = [ln for ln in text.splitlines() if ln.startswith("Name=shard")]
+    assert shard_lines == [f"Name=shard Count=40 File=/r/dev/nvidia{i}" for i in range(3)]
+
+
+def test_slurm_conf_declares_node_gres_and_accounting() -> None:
+    spec = Spec(gpus=2, gpu_memory_mib=20480 + 512, shard_mib=1024)
+    text = configs.slurm_conf(spec, Layout(Path("/r")), {"Prolog": Path("/r/bin/p")})
+    assert "Gres=gpu:2,shard:40 " in text  # 20 whole shards per GPU: never over-promise
+    assert "SelectType=select/cons_tres" in text
+    assert "AccountingStoragePass=/r/munge/munge.socket" in text
+    assert "Prolog=/r/bin/p" in text and "PrologFlags=Alloc" in text
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [Spec(gpus=0), Spec(gpu_memory_mib=10), Spec(ctld_port=16818), Spec(mysql_port=80)],
+)
+def test_bad_shapes_are_refused(spec: Spec) -> None:
+    with pytest.raises(ValueError):
+        spec.validate()
+
+
+def test_spec_round_trips() -> None:
+    s = Spec(gpus=8, gpu_memory_mib=81920)
+    assert Spec.from_json(s.to_json()) == s

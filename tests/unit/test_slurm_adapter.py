@@ -1,0 +1,86 @@
+"""The Slurm CLI adapter's parsing, with subprocess replaced by recorded outputs."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from slurm_colloc.slurm import adapter as ad
+
+SHOW_JOB = (
+    "JobId=42 JobName=train UserId=alice(1001) GroupId=alice(1001) Priority=1 "
+    "JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
+    "Command=/home/alice/run me.sh WorkDir=/home/alice/my dir TresPerNode=gres:shard:12 "
+    "AdminComment=cl1.abc GRES=shard:12(IDX:3)"
+)
+
+
+class FakeRun:
+    def __init__(self, outputs: dict[str, tuple[int, str, str]]) -> None:
+        self.outputs = outputs
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        self.calls.append(argv)
+        tool = argv[0].rsplit("/", 1)[-1]
+        rc, out, err = self.outputs[tool]
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch) -> tuple[ad.SlurmCli, FakeRun]:
+    fake = FakeRun(
+        {
+            "scontrol": (0, SHOW_JOB + "\n", ""),
+            "sbatch": (0, "123;colloc\n", ""),
+            "sacct": (0, "42|train|alice|REQUEUED|0:0|0|a|b|c|d|e|f|g||\n"
+                         "42|train|alice|COMPLETED|0:0|1|a|b|c|d|e|f|g|cl1.x|\n", ""),
+        }
+    )
+    monkeypatch.setattr(ad.subprocess, "run", fake)
+    return ad.SlurmCli(env={"PATH": "/usr/bin"}, bindir="/usr/bin"), fake
+
+
+def test_show_job_keeps_values_with_spaces(cli: tuple[ad.SlurmCli, FakeRun]) -> None:
+    adapter, _ = cli
+    job = adapter.show_job(42)
+    assert job is not None
+    assert job["Command"] == "/home/alice/run me.sh"
+    assert job["WorkDir"] == "/home/alice/my dir"
+    assert job["GRES"] == "shard:12(IDX:3)"
+    assert job["JobState"] == "RUNNING"
+
+
+def test_submit_parses_cluster_suffix(cli: tuple[ad.SlurmCli, FakeRun]) -> None:
+    adapter, fake = cli
+    assert adapter.submit("#!/bin/sh\ntrue\n", ["--gres=gpu:1"]) == 123
+    assert fake.calls[-1][:3] == ["/usr/bin/sbatch", "--parsable", "--gres=gpu:1"]
+
+
+def test_accounting_keeps_every_attempt(cli: tuple[ad.SlurmCli, FakeRun]) -> None:
+    adapter, _ = cli
+    recs = adapter.accounting([42])
+    assert [r.state for r in recs] == ["REQUEUED", "COMPLETED"]
+    assert recs[1].fields["AdminComment"] == "cl1.x"
+
+
+def test_failures_carry_the_command_and_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        ad.subprocess, "run", FakeRun({"scontrol": (1, "", "slurm_update error: Job has already finished")})
+    )
+    with pytest.raises(ad.SlurmError, match="Job has already finished"):
+        ad.SlurmCli(bindir="/usr/bin").update_job(7, AdminComment="x")
+
+
+def test_unknown_job_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        ad.subprocess, "run", FakeRun({"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified")})
+    )
+    assert ad.SlurmCli(bindir="/usr/bin").show_job(99) is None
+
+
+def test_missing_tool_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ad.SlurmError, match="sacct: not found"):
+        ad.SlurmCli(env={"PATH": "/nonexistent"}).accounting([1])
