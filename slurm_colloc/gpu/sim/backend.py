@@ -1,0 +1,66 @@
+"""``SimBackend``: the GPU backend interface over a simulation state directory.
+
+It reads what simjobs registered (see :mod:`slurm_colloc.gpu.sim.state`) and reports
+it the way NVML would: memory used is the sum of live processes' memory, SM activity
+and utilisation are the summed demand capped at 100 %, power follows the SM activity
+and the energy counter only ever grows. SM occupancy and DRAM activity are not
+modelled and stay ``None`` ("not measured"), like NVML without DCGM.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuInfo, GpuProcess, GpuSample
+from slurm_colloc.gpu.sim.state import (
+    SimSpec,
+    energy_j,
+    gpu_lock,
+    gpu_power_w,
+    load_spec,
+    read_records,
+)
+
+
+class SimBackend(GpuBackend):
+    """Simulated GPUs of one node, read from ``state_dir``."""
+
+    name = "sim"
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        """Load the spec now so a missing state dir fails at start-up, not mid-job."""
+        self.state_dir = os.fspath(state_dir)
+        self.spec: SimSpec = load_spec(self.state_dir)
+
+    def gpus(self) -> list[GpuInfo]:
+        """All simulated GPUs."""
+        return [
+            GpuInfo(
+                index=i,
+                uuid=self.spec.uuid(i),
+                name=self.spec.name,
+                memory_total_mib=self.spec.memory_mib,
+            )
+            for i in range(self.spec.gpu_count)
+        ]
+
+    def sample(self, index: int) -> GpuSample:
+        """Current state of GPU ``index``, consistent under its lock."""
+        if not 0 <= index < self.spec.gpu_count:
+            raise GpuBackendError(f"no simulated GPU {index} (this node has {self.spec.gpu_count})")
+        now = time.time()
+        with gpu_lock(self.state_dir, index, shared=True) as fd:
+            records = read_records(self.state_dir, index)
+            energy = energy_j(self.state_dir, self.spec, index, fd, now)
+        activity = min(100.0, sum(r.sm_pct for r in records))
+        return GpuSample(
+            index=index,
+            timestamp=now,
+            memory_used_mib=sum(r.used_mib for r in records),
+            utilization_pct=activity,
+            power_w=gpu_power_w(self.spec, records),
+            energy_j=energy,
+            sm_activity_pct=activity,
+            processes=tuple(GpuProcess(pid=r.pid, used_mib=r.used_mib) for r in records),
+        )

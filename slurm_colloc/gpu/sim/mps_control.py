@@ -1,0 +1,564 @@
+"""``colloc-sim-mps-control``: a stand-in for ``nvidia-cuda-mps-control``.
+
+Same command line and stdin interface as the real program, so the prolog/epilog
+drive it exactly as they drive the real one (only ``mps_control`` in the config
+changes):
+
+* ``-d`` daemonises (``-f`` stays in the foreground), using
+  ``CUDA_MPS_PIPE_DIRECTORY`` for the ``control`` socket and
+  ``nvidia-cuda-mps-control.pid``, and ``CUDA_MPS_LOG_DIRECTORY`` for
+  ``control.log`` and ``server.log`` (real defaults ``/tmp/nvidia-mps`` and
+  ``/var/log/nvidia-mps``). ``-d`` returns once the socket accepts connections.
+* Without options it forwards each stdin line to the running daemon and prints the
+  answers: ``get_server_list``, ``get_client_list PID``, ``get_server_status PID``,
+  ``start_server -uid UID``, ``shutdown_server PID [-f]``,
+  ``set_default_device_pinned_mem_limit DEV VALUE``,
+  ``get_default_device_pinned_mem_limit DEV``,
+  ``set_default_active_thread_percentage PCT``,
+  ``get_default_active_thread_percentage``, ``quit``.
+
+Semantics kept from the real daemon (its man page): one server per UID; a client of
+another UID is queued and the running server is asked to shut down once its clients
+are gone, then a server for the queued UID starts; defaults set by ``set_default_*``
+apply to servers started afterwards, not to running ones. Each server is a real
+(idle) child process running as its UID, so ``get_server_list`` prints live PIDs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from slurm_colloc.gpu.sim.mps_protocol import (
+    END,
+    MAX_LINE,
+    PID_FILE,
+    SOCKET_NAME,
+    LineReader,
+    MpsError,
+    connect,
+    log_dir_from_env,
+    peer_credentials,
+    pipe_dir_from_env,
+    ui_command,
+)
+from slurm_colloc.gpu.sim.sizes import SizeError, limit_for, parse_size_mib
+
+_SERVER_CODE = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+    "while True: signal.pause()\n"
+)
+
+
+class ControlLog:
+    """``control.log`` / ``server.log`` lines in the real daemon's format.
+
+    ``[2013-08-05 12:50:23.347 Control 13894] Starting new server 13929 for user 500``
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        """Open (append) both logs in ``log_dir``."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.control = open(log_dir / "control.log", "a", buffering=1)  # noqa: SIM115
+        self.server = open(log_dir / "server.log", "a", buffering=1)  # noqa: SIM115
+
+    @staticmethod
+    def _line(kind: str, pid: int, msg: str) -> str:
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        return f"[{stamp}.{int(now * 1000) % 1000:03d} {kind} {pid}] {msg}\n"
+
+    def ctl(self, msg: str) -> None:
+        """A control daemon event."""
+        self.control.write(self._line("Control", os.getpid(), msg))
+
+    def srv(self, server_pid: int, msg: str) -> None:
+        """An event of one server (new client, client gone)."""
+        self.server.write(self._line("Server", server_pid, msg))
+
+    def close(self) -> None:
+        """Flush and close both files."""
+        self.control.close()
+        self.server.close()
+
+
+@dataclass
+class Client:
+    """A CUDA client connection (a simjob)."""
+
+    conn: socket.socket
+    pid: int
+    uid: int
+    device: int
+
+
+@dataclass
+class Server:
+    """One MPS server (one UID)."""
+
+    uid: int
+    proc: subprocess.Popen[bytes]
+    active_thread_pct: float
+    limits: dict[int | None, int]
+    clients: list[Client] = field(default_factory=list)
+    terminating: bool = False
+
+    @property
+    def pid(self) -> int:
+        """The server process's PID (what ``get_server_list`` prints)."""
+        return self.proc.pid
+
+
+class Daemon:
+    """The control daemon's state machine; one instance per pipe directory (= per GPU)."""
+
+    def __init__(self, pipe_dir: Path, log: ControlLog) -> None:
+        """Bind the control socket; refuses if another daemon answers on it."""
+        self.pipe_dir = pipe_dir
+        self.log = log
+        self.owner = os.geteuid()
+        self.default_pct = 100.0
+        self.default_limits: dict[int | None, int] = {}
+        self.servers: list[Server] = []
+        self.waiting: list[Client] = []
+        self.ui: dict[socket.socket, tuple[int, bytes]] = {}
+        self.clients: dict[socket.socket, Client] = {}
+        self.pending: dict[socket.socket, bytes] = {}
+        self.running = True
+        self.sel = selectors.DefaultSelector()
+        sock_path = pipe_dir / SOCKET_NAME
+        with contextlib.suppress(MpsError):
+            connect(pipe_dir, timeout=1.0).close()
+            raise MpsError(f"An instance of this daemon is already running ({sock_path})")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(os.fspath(sock_path))
+        os.chmod(sock_path, 0o666)  # noqa: S103 - clients of any user connect, as to the real socket
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ)
+        (pipe_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+        log.ctl(f"Starting control daemon using socket {sock_path}")
+        log.ctl(
+            "To connect CUDA applications to this daemon, "
+            f"set env CUDA_MPS_PIPE_DIRECTORY={pipe_dir}"
+        )
+
+    # --- servers ---------------------------------------------------------------
+    def _active(self) -> Server | None:
+        return self.servers[0] if self.servers else None
+
+    def _start_server(self, uid: int) -> Server:
+        user = uid if os.geteuid() == 0 and uid != os.geteuid() else None
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER_CODE, "nvidia-cuda-mps-server(sim)"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=user,
+            close_fds=True,
+        )
+        server = Server(uid, proc, self.default_pct, dict(self.default_limits))
+        self.servers.append(server)
+        self.log.ctl(f"Starting new server {proc.pid} for user {uid}")
+        self.log.ctl(f"NEW SERVER {proc.pid}: Ready")
+        return server
+
+    def _stop_server(self, server: Server, force: bool = False) -> None:
+        for c in list(server.clients):
+            self._drop_client(c)
+        with contextlib.suppress(ProcessLookupError):
+            server.proc.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+        try:
+            status = server.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            status = server.proc.wait()
+        self.log.ctl(f"Server {server.pid} exited with status {status}")
+        if server in self.servers:
+            self.servers.remove(server)
+
+    def _grant(self, server: Server, client: Client) -> None:
+        server.clients.append(client)
+        limit = limit_for(server.limits, client.device)
+        msg = f"READY {server.pid} {'-' if limit is None else limit} {server.active_thread_pct:g}\n"
+        self.log.srv(server.pid, f"New client {client.pid} connected")
+        try:
+            client.conn.sendall(msg.encode())
+        except OSError:
+            self._drop_client(client)
+
+    def _schedule(self) -> None:
+        """Apply the one-server-per-UID rule after any change."""
+        for server in list(self.servers):
+            if server.proc.poll() is not None:
+                self.log.ctl(f"Server {server.pid} exited with status {server.proc.returncode}")
+                for c in list(server.clients):
+                    self._drop_client(c)
+                self.servers.remove(server)
+        active = self._active()
+        if active is not None and self.waiting and any(c.uid != active.uid for c in self.waiting):
+            active.terminating = True
+        if active is not None and active.terminating and not active.clients:
+            self._stop_server(active)
+            active = None
+        if active is None and self.waiting:
+            uid = self.waiting[0].uid
+            server = self._start_server(uid)
+            for c in [c for c in self.waiting if c.uid == uid]:
+                self.waiting.remove(c)
+                self._grant(server, c)
+            if self.waiting:
+                server.terminating = True
+
+    def _new_client(self, conn: socket.socket, device: int) -> None:
+        pid, uid, _ = peer_credentials(conn)
+        client = Client(conn, pid, uid, device)
+        self.clients[conn] = client
+        active = self._active()
+        if active is not None and active.uid == uid and not active.terminating:
+            self.log.ctl(f"NEW CLIENT {pid} from user {uid}: Server already exists")
+            self._grant(active, client)
+            return
+        if active is None:
+            self.log.ctl(
+                f"NEW CLIENT {pid} from user {uid}: "
+                "Server is not ready, push client to pending list"
+            )
+            self.waiting.append(client)
+            self._schedule()
+            return
+        self.log.ctl(
+            f"NEW CLIENT {pid} from user {uid}: Server {active.pid} of user {active.uid} "
+            "is running, push client to pending list"
+        )
+        self.waiting.append(client)
+        msg = f"WAIT {active.uid} {active.pid} {len(active.clients)}\n"
+        with contextlib.suppress(OSError):
+            conn.sendall(msg.encode())
+        self._schedule()
+
+    def _drop_client(self, client: Client) -> None:
+        self.clients.pop(client.conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(client.conn)
+        client.conn.close()
+        if client in self.waiting:
+            self.waiting.remove(client)
+        for s in self.servers:
+            if client in s.clients:
+                s.clients.remove(client)
+                self.log.srv(s.pid, f"Client {client.pid} disconnected")
+
+    # --- UI commands --------------------------------------------------------------
+    def command(self, line: str, uid: int) -> str:
+        """Run one UI command; returns its output (may be empty)."""
+        words = line.split()
+        if not words:
+            return ""
+        cmd, args = words[0], words[1:]
+        self.log.ctl(f"Cmd:{line.strip()}")
+        privileged = uid in (0, self.owner)
+        handler = self._handlers().get(cmd)
+        if handler is None:
+            return f"Unrecognized command: {cmd}"
+        if not cmd.startswith("get_") and not privileged:
+            return f"{cmd}: permission denied (uid {uid} does not own this daemon)"
+        try:
+            return handler(args)
+        except (ValueError, IndexError, SizeError) as e:
+            return f"{cmd}: invalid arguments {' '.join(args)!r}: {e}"
+
+    def _handlers(self) -> dict[str, Callable[[list[str]], str]]:
+        return {
+            "get_server_list": lambda a: "\n".join(str(s.pid) for s in self.servers),
+            "get_client_list": self._get_client_list,
+            "get_server_status": self._get_server_status,
+            "start_server": self._start_server_cmd,
+            "shutdown_server": self._shutdown_server_cmd,
+            "set_default_device_pinned_mem_limit": self._set_limit,
+            "get_default_device_pinned_mem_limit": self._get_limit,
+            "set_default_active_thread_percentage": self._set_pct,
+            "get_default_active_thread_percentage": lambda a: f"{self.default_pct:.1f}",
+            "quit": self._quit,
+        }
+
+    def _server_by_pid(self, text: str) -> Server:
+        pid = int(text)
+        for s in self.servers:
+            if s.pid == pid:
+                return s
+        raise ValueError(f"no server with PID {pid}")
+
+    def _get_client_list(self, args: list[str]) -> str:
+        return "\n".join(str(c.pid) for c in self._server_by_pid(args[0]).clients)
+
+    def _get_server_status(self, args: list[str]) -> str:
+        return "TERMINATING" if self._server_by_pid(args[0]).terminating else "ACTIVE"
+
+    def _start_server_cmd(self, args: list[str]) -> str:
+        if len(args) != 2 or args[0] != "-uid":
+            raise ValueError("usage: start_server -uid UID")
+        uid = int(args[1])
+        active = self._active()
+        if active is not None and active.uid == uid:
+            return ""
+        if active is not None:
+            return (
+                f"A server for user {active.uid} is running (PID {active.pid}); one server per UID"
+            )
+        self._start_server(uid)
+        return ""
+
+    def _shutdown_server_cmd(self, args: list[str]) -> str:
+        server = self._server_by_pid(args[0])
+        if "-f" in args[1:]:
+            self._stop_server(server, force=True)
+        else:
+            server.terminating = True
+        self._schedule()
+        return ""
+
+    def _set_limit(self, args: list[str]) -> str:
+        if len(args) != 2:
+            raise ValueError("usage: set_default_device_pinned_mem_limit DEV VALUE (e.g. 0 8G)")
+        dev = int(args[0])
+        if dev < 0:
+            raise ValueError("device index must not be negative")
+        self.default_limits[dev] = parse_size_mib(args[1])
+        return ""
+
+    def _get_limit(self, args: list[str]) -> str:
+        limit = limit_for(self.default_limits, int(args[0]))
+        return "0" if limit is None else f"{limit}M"
+
+    def _set_pct(self, args: list[str]) -> str:
+        pct = float(args[0])
+        if not 0 < pct <= 100:
+            raise ValueError("percentage must be in (0, 100]")
+        self.default_pct = pct
+        return ""
+
+    def _quit(self, args: list[str]) -> str:
+        self.running = False
+        return ""
+
+    # --- event loop ---------------------------------------------------------------
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(2.0)
+        self.log.ctl("Accepting connection...")
+        self.pending[conn] = b""
+        self.sel.register(conn, selectors.EVENT_READ)
+
+    def _readable(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        if conn in self.clients:
+            if not data:  # a client only ever speaks once; EOF means it is gone
+                self._drop_client(self.clients[conn])
+                self._schedule()
+            return
+        if not data:
+            self._close_conn(conn)
+            return
+        if conn in self.pending:
+            buf = self.pending[conn] + data
+            if b"\n" not in buf:
+                if len(buf) > MAX_LINE:
+                    self._close_conn(conn)
+                else:
+                    self.pending[conn] = buf
+                return
+            first, rest = buf.split(b"\n", 1)
+            del self.pending[conn]
+            words = first.decode("utf-8", "replace").split()
+            if words == ["UI"]:
+                self.log.ctl("NEW UI")
+                self.ui[conn] = (peer_credentials(conn)[1], b"")
+                data = rest
+            elif len(words) == 2 and words[0] == "CLIENT" and words[1].isdigit():
+                self._new_client(conn, int(words[1]))
+                return
+            else:
+                self.log.ctl("Unable to read new connection type information")
+                self._close_conn(conn)
+                return
+        uid, buf = self.ui[conn]
+        buf += data
+        while b"\n" in buf and self.running:
+            line, buf = buf.split(b"\n", 1)
+            answer = self.command(line.decode("utf-8", "replace"), uid)
+            try:
+                conn.sendall(answer.encode() + END)
+            except OSError:
+                self._close_conn(conn)
+                return
+        if len(buf) > MAX_LINE:
+            self._close_conn(conn)
+            return
+        self.ui[conn] = (uid, buf)
+
+    def _close_conn(self, conn: socket.socket) -> None:
+        if conn in self.ui:
+            self.log.ctl("UI closed")
+        self.ui.pop(conn, None)
+        self.pending.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        conn.close()
+
+    def serve(self) -> None:
+        """Run until ``quit`` or SIGTERM, then stop every server and clean up."""
+        signal.signal(signal.SIGTERM, lambda *a: setattr(self, "running", False))
+        try:
+            while self.running:
+                for key, _ in self.sel.select(timeout=0.2):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:
+                        sock = key.fileobj
+                        assert isinstance(sock, socket.socket)
+                        self._readable(sock)
+                self._schedule()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop servers, close every connection, remove socket and pid file."""
+        for server in list(self.servers):
+            self._stop_server(server)
+        for conn in list(self.ui) + list(self.pending) + list(self.clients):
+            with contextlib.suppress(OSError):
+                conn.close()
+        self.sel.close()
+        self.listener.close()
+        for name in (SOCKET_NAME, PID_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.pipe_dir / name)
+        self.log.ctl("Exit")
+        self.log.close()
+
+
+def _prepare_dirs() -> tuple[Path, ControlLog]:
+    pipe_dir = pipe_dir_from_env()
+    pipe_dir.mkdir(parents=True, exist_ok=True)
+    return pipe_dir, ControlLog(log_dir_from_env())
+
+
+def run_foreground() -> int:
+    """``-f``: serve in this process (used by tests and for debugging)."""
+    pipe_dir, log = _prepare_dirs()
+    try:
+        daemon = Daemon(pipe_dir, log)
+    except MpsError as e:
+        log.close()
+        sys.stderr.write(f"{e}\n")
+        return 1
+    daemon.serve()
+    return 0
+
+
+def daemonize() -> int:
+    """``-d``: double-fork, detach, and return only once the socket is listening."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid > 0:
+        os.close(write_fd)
+        os.waitpid(pid, 0)
+        with os.fdopen(read_fd, "rb") as r:
+            status = r.read()
+        if status.startswith(b"OK"):
+            return 0
+        msg = status.decode(errors="replace").strip() or "MPS stand-in failed to start"
+        sys.stderr.write(msg.removeprefix("ERR ") + "\n")
+        return 1
+    os.close(read_fd)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.chdir("/")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    code = 1
+    try:
+        pipe_dir, log = _prepare_dirs()
+        try:
+            daemon = Daemon(pipe_dir, log)
+        except MpsError as e:
+            log.close()
+            os.write(write_fd, f"ERR {e}".encode())
+            os._exit(1)
+        os.write(write_fd, b"OK")
+        os.close(write_fd)
+        daemon.serve()
+        code = 0
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.write(write_fd, f"ERR {e}".encode())
+    os._exit(code)
+
+
+def run_ui(stdin: TextIO, stdout: TextIO) -> int:
+    """No option: forward stdin commands to the daemon, print its answers."""
+    pipe_dir = pipe_dir_from_env()
+    try:
+        sock = connect(pipe_dir)
+    except MpsError as e:
+        sys.stderr.write(f"Cannot find MPS control daemon process ({e})" + "\n")
+        return 1
+    with sock:
+        sock.sendall(b"UI\n")
+        reader = LineReader(sock)
+        for raw in stdin:
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                answer = ui_command(sock, reader, line)
+            except (MpsError, OSError) as e:
+                sys.stderr.write(f"MPS control daemon connection lost: {e}" + "\n")
+                return 1
+            if answer:
+                stdout.write(answer.rstrip("\n") + "\n")
+                stdout.flush()
+            if line.split()[0] == "quit":
+                break
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``colloc-sim-mps-control`` (same options as the real one)."""
+    parser = argparse.ArgumentParser(
+        prog="colloc-sim-mps-control",
+        description="Simulated nvidia-cuda-mps-control (slurm-colloc sim backend only).",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("-d", action="store_true", help="start the daemon in the background")
+    mode.add_argument("-f", action="store_true", help="run the daemon in the foreground")
+    args = parser.parse_args(argv)
+    if args.d:
+        return daemonize()
+    if args.f:
+        return run_foreground()
+    return run_ui(sys.stdin, sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The wire between the MPS stand-in daemon and its clients (UI and CUDA clients).
+
+The real ``nvidia-cuda-mps-control`` listens on a UNIX socket named ``control`` in
+``CUDA_MPS_PIPE_DIRECTORY``; CUDA programs and the interactive control program both
+connect there. The stand-in does the same with a small line protocol:
+
+* first line ``UI``: then one command per line; each answer is its text followed by
+  a NUL byte (so an empty answer is just ``\\0``).
+* first line ``CLIENT <device>``: a CUDA client (a simjob) asking for an MPS
+  server. The daemon answers ``WAIT <uid> <server_pid> <n_clients>`` lines while
+  another user's server still has clients, then ``READY <server_pid> <limit_mib|->
+  <active_thread_pct>``. The client keeps the connection open for its lifetime; the
+  daemon learns of its end (even SIGKILL) when the socket closes. The client's uid
+  and pid come from ``SO_PEERCRED``, never from the client's word.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+SOCKET_NAME = "control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+END = b"\0"
+MAX_LINE = 4096
+
+
+class MpsError(RuntimeError):
+    """The MPS stand-in cannot be reached or answered nonsense."""
+
+
+def pipe_dir_from_env() -> Path:
+    """``CUDA_MPS_PIPE_DIRECTORY`` or the real default ``/tmp/nvidia-mps``."""
+    return Path(os.environ.get(PIPE_ENV) or DEFAULT_PIPE_DIR)
+
+
+def log_dir_from_env() -> Path:
+    """``CUDA_MPS_LOG_DIRECTORY`` or the real default ``/var/log/nvidia-mps``."""
+    return Path(os.environ.get(LOG_ENV) or DEFAULT_LOG_DIR)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a UNIX socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def connect(pipe_dir: Path, timeout: float = 5.0) -> socket.socket:
+    """Connect to the daemon's control socket in ``pipe_dir``."""
+    path = pipe_dir / SOCKET_NAME
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(os.fspath(path))
+    except OSError as e:
+        sock.close()
+        raise MpsError(f"cannot connect to MPS control daemon at {path}: {e.strerror or e}") from e
+    return sock
+
+
+class LineReader:
+    """Buffered reads of ``\\n``- or NUL-terminated messages from a socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        """Wrap ``sock``; the caller keeps ownership."""
+        self.sock = sock
+        self.buf = b""
+
+    def read_until(self, sep: bytes) -> str | None:
+        """Next message up to ``sep`` (without it); None at EOF."""
+        while sep not in self.buf:
+            if len(self.buf) > 1 << 20:
+                raise MpsError("message from MPS daemon too long")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        msg, self.buf = self.buf.split(sep, 1)
+        return msg.decode("utf-8", "replace")
+
+
+def ui_command(sock: socket.socket, reader: LineReader, command: str) -> str:
+    """Send one UI command on an open ``UI`` connection and return the answer text."""
+    sock.sendall(command.encode() + b"\n")
+    answer = reader.read_until(END)
+    if answer is None:
+        raise MpsError("MPS control daemon closed the connection")
+    return answer
+
+
+@dataclass(frozen=True)
+class ServerGrant:
+    """What a CUDA client learns when its MPS server is ready."""
+
+    server_pid: int
+    limit_mib: int | None
+    active_thread_pct: float
+
+
+def parse_ready(line: str) -> ServerGrant:
+    """Parse ``READY <server_pid> <limit_mib|-> <pct>``."""
+    parts = line.split()
+    if len(parts) != 4 or parts[0] != "READY":
+        raise MpsError(f"unexpected answer from MPS daemon: {line!r}")
+    limit = None if parts[2] == "-" else int(parts[2])
+    return ServerGrant(int(parts[1]), limit, float(parts[3]))
