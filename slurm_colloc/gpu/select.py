@@ -1,0 +1,25 @@
+"""Pick the GPU backend the configuration names: explicitly, never by fallback.
+
+A production node whose driver is broken must fail loudly (``GpuBackendError``) so
+the node scripts take their safe path; silently reporting simulated GPUs would make
+every collocation decision on fiction.
+"""
+
+from __future__ import annotations
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError
+
+
+def backend_from_config(cfg: CollocConfig, *, with_dcgm: bool = True) -> GpuBackend:
+    """The backend ``cfg.gpu_backend`` names (``nvml`` or ``sim``)."""
+    if cfg.gpu_backend == "nvml":
+        from slurm_colloc.gpu.dcgm import open_profiler
+        from slurm_colloc.gpu.nvml import NvmlBackend
+
+        return NvmlBackend(profiler=open_profiler(cfg.sample_interval_s) if with_dcgm else None)
+    if cfg.gpu_backend == "sim":
+        from slurm_colloc.gpu.sim.backend import SimBackend
+
+        return SimBackend(cfg.sim_state_dir)
+    raise GpuBackendError(f"unknown gpu_backend {cfg.gpu_backend!r} (expected nvml or sim)")
