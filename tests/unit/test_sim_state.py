@@ -1,0 +1,169 @@
+"""The sim state dir and SimBackend: memory, dead processes, concurrency, power, energy."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError
+from slurm_colloc.gpu.sim import SimBackend, init_state, load_spec
+from slurm_colloc.gpu.sim.power import power_w
+from slurm_colloc.gpu.sim.state import (
+    ProcRecord,
+    advance_energy,
+    gpu_lock,
+    process_start_ticks,
+    read_records,
+    remove_record,
+    write_record,
+)
+
+
+def record(pid: int, gpu: int = 0, mib: int = 1024, sm: float = 50.0) -> ProcRecord:
+    ticks = process_start_ticks(pid)
+    assert ticks is not None
+    return ProcRecord(pid=pid, gpu=gpu, uid=os.getuid(), used_mib=mib, sm_pct=sm, start_ticks=ticks)
+
+
+def test_init_state_layout_and_modes(tmp_path):
+    spec = init_state(tmp_path / "s", gpu_count=2, memory_mib=81920)
+    assert load_spec(tmp_path / "s") == spec
+    assert "80GB" in spec.name
+    assert stat.S_IMODE(os.stat(tmp_path / "s" / "procs").st_mode) == 0o1777
+    assert stat.S_IMODE(os.stat(tmp_path / "s" / "gpus" / "gpu1.ledger").st_mode) == 0o666
+    # idempotent, keeps node id (UUIDs stable across devcluster restarts)
+    assert init_state(tmp_path / "s", gpu_count=2, memory_mib=81920).node_id == spec.node_id
+
+
+@pytest.mark.parametrize("kwargs", [{"gpu_count": 0}, {"memory_mib": 0}, {"idle_power_w": 500}])
+def test_init_state_rejects_nonsense(tmp_path, kwargs):
+    with pytest.raises(ValueError):
+        init_state(tmp_path, **kwargs)
+
+
+def test_backend_implements_interface(tmp_path):
+    init_state(tmp_path, gpu_count=3)
+    b = SimBackend(tmp_path)
+    assert isinstance(b, GpuBackend) and b.name == "sim"
+    gpus = b.gpus()
+    assert [g.index for g in gpus] == [0, 1, 2]
+    assert len({g.uuid for g in gpus}) == 3 and all(g.uuid.startswith("GPU-") for g in gpus)
+    samples = b.sample_all()
+    assert [s.memory_used_mib for s in samples] == [0, 0, 0]
+    assert samples[0].power_w == pytest.approx(55.0)
+    with pytest.raises(GpuBackendError):
+        b.sample(3)
+
+
+def test_memory_is_sum_of_live_records_and_dead_ones_are_cleaned(tmp_path):
+    init_state(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_record(tmp_path, record(os.getpid(), mib=4096, sm=30))
+        write_record(tmp_path, record(child.pid, mib=2048, sm=40))
+        write_record(tmp_path, record(os.getpid(), gpu=1, mib=100))
+        s = SimBackend(tmp_path).sample(0)
+        assert s.memory_used_mib == 6144
+        assert sorted(p.pid for p in s.processes) == sorted([os.getpid(), child.pid])
+        assert s.sm_activity_pct == pytest.approx(70.0)
+        assert s.power_w == pytest.approx(power_w(70, 55, 400))
+    finally:
+        child.kill()
+        child.wait()
+    s = SimBackend(tmp_path).sample(0)
+    assert s.memory_used_mib == 4096  # the dead process no longer counts
+    assert not (tmp_path / "procs" / f"gpu0.{child.pid}.json").exists()  # and is cleaned
+    remove_record(tmp_path, 0, os.getpid())
+    remove_record(tmp_path, 0, os.getpid())  # idempotent
+
+
+def test_reused_pid_is_not_mistaken_for_the_old_process(tmp_path):
+    init_state(tmp_path)
+    rec = record(os.getpid())
+    write_record(tmp_path, ProcRecord(**{**rec.__dict__, "start_ticks": rec.start_ticks - 1}))
+    assert read_records(tmp_path, 0) == []
+
+
+def test_malformed_record_is_skipped(tmp_path):
+    init_state(tmp_path)
+    (tmp_path / "procs" / "gpu0.1.json").write_text("{not json")
+    write_record(tmp_path, record(os.getpid(), mib=7))
+    assert [r.used_mib for r in read_records(tmp_path, 0)] == [7]
+
+
+def _grab(state_dir: str, want: int, results) -> None:
+    """Child: take `want` MiB on GPU 0 if it fits, under the GPU lock."""
+    with gpu_lock(state_dir, 0):
+        used = sum(r.used_mib for r in read_records(state_dir, 0))
+        ok = used + want <= 40960
+        if ok:
+            write_record(state_dir, record(os.getpid(), mib=want))
+    results.put(ok)
+    time.sleep(1.0)  # hold the memory while the others try
+
+
+def test_concurrent_allocations_never_overcommit(tmp_path):
+    init_state(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_grab, args=(str(tmp_path), 10240, results)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    oks = [results.get(timeout=10) for _ in procs]
+    for p in procs:
+        p.join()
+    assert sum(oks) == 4  # exactly four 10 GiB jobs fit on a 40 GiB GPU
+
+
+def test_energy_counter_is_monotonic_and_integrates_power(tmp_path):
+    init_state(tmp_path, time_scale=1.0)
+    b = SimBackend(tmp_path)
+    e0 = b.sample(0).energy_j
+    with gpu_lock(tmp_path, 0) as fd:
+        t = time.time()
+        advance_energy(tmp_path, b.spec, 0, fd, now=t)
+        write_record(tmp_path, record(os.getpid(), sm=100))
+        e1 = advance_energy(tmp_path, b.spec, 0, fd, now=t + 10)  # 10 s at full power
+        e2 = advance_energy(tmp_path, b.spec, 0, fd, now=t + 10)
+    assert e0 is not None and e1 >= e0
+    assert e2 == pytest.approx(e1)
+    remove_record(tmp_path, 0, os.getpid())
+    assert b.sample(0).energy_j >= e1
+
+
+def test_energy_rate_matches_power_model(tmp_path):
+    init_state(tmp_path)
+    spec = load_spec(tmp_path)
+    with gpu_lock(tmp_path, 0) as fd:
+        t = time.time()
+        a = advance_energy(tmp_path, spec, 0, fd, now=t)
+        b = advance_energy(tmp_path, spec, 0, fd, now=t + 100)  # idle
+        write_record(tmp_path, record(os.getpid(), sm=50))
+        c = advance_energy(tmp_path, spec, 0, fd, now=t + 200)
+    remove_record(tmp_path, 0, os.getpid())
+    assert b - a == pytest.approx(100 * 55.0)
+    assert c - b == pytest.approx(100 * power_w(50, 55, 400))
+
+
+def test_time_scale_env_speeds_up_energy(tmp_path, monkeypatch):
+    init_state(tmp_path)
+    spec = load_spec(tmp_path)
+    monkeypatch.setenv("COLLOC_SIM_TIME_SCALE", "60")
+    with gpu_lock(tmp_path, 0) as fd:
+        t = time.time()
+        a = advance_energy(tmp_path, spec, 0, fd, now=t)
+        b = advance_energy(tmp_path, spec, 0, fd, now=t + 1)
+    assert b - a == pytest.approx(60 * 55.0)
+
+
+def test_power_model_is_a100_like():
+    assert power_w(0, 55, 400) == 55
+    assert power_w(100, 55, 400) == 400
+    assert power_w(150, 55, 400) == 400  # summed demand is capped
+    assert 55 < power_w(50, 55, 400) < 400
