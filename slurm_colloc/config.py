@@ -46,10 +46,20 @@ class CollocConfig:
     default_colloc_mib: int = 0
     """Memory given to a ``--colloc`` job that arrives without an estimate.
     0 means a whole GPU's worth of shards (the safe choice)."""
+    gpu_memory_mib: int = 0
+    """Memory of one GPU of the colloc partitions (the smallest, if they differ).
+    job_submit.lua sizes the whole-GPU default from it and refuses larger needs.
+    0: ``colloc admin install`` asks the GPU backend (NVML or sim) at install time."""
 
     # --- Estimation ----------------------------------------------------------------
     estimator: str = "layer-aware"
     """Estimator used by ``sbatch --colloc`` when the user names none."""
+    estimator_command: str = ""
+    """Absolute path of the ``colloc`` command cli_filter.lua runs (as the user, on
+    login nodes) to estimate. Empty: the ``colloc`` next to the Python that ran
+    ``colloc admin install``. Written into cli_filter.lua at install time."""
+    estimate_timeout_s: float = 30.0
+    """cli_filter.lua gives the estimator this long before failing the sbatch."""
     history_db: str = "/var/lib/colloc/history.sqlite"
     """Measured peaks per model fingerprint, read by the estimator's history hook."""
 
