@@ -1,0 +1,427 @@
+"""Encode the per-job record for Slurm's AdminComment, and decode it back.
+
+Constraints that shaped the format (see docs/slurm-facts.md):
+
+* **Case-insensitive.** After a job ends the record can only be written with
+  ``sacctmgr modify job ... set AdminComment=``, and Slurm 22.05 lowercases the value.
+  So the wire form is ``cl<version>:`` + lowercase RFC 4648 base32 without padding of
+  zlib-compressed compact JSON. The decoder accepts any case.
+* **Versioned.** The version is in the prefix (jobstats does the same with ``JS1:``);
+  a decoder per version stays in :data:`_DECODERS` so old records keep decoding.
+* **Capped.** The encoded text never exceeds ``admin_comment_max_bytes`` (config,
+  4096): when it would, the least useful details are dropped first (free-form notes,
+  co-tenant lists, older attempts' metrics and estimates, then whole middle attempts)
+  and the record is marked ``truncated``.
+* **Never crashes its caller on foreign input.** Other tools may write AdminComment
+  too. :func:`decode` finds our token anywhere in the comment and raises
+  :class:`RecordDecodeError` (a ``ValueError``) on anything it cannot read;
+  :func:`try_decode` returns None instead. :func:`append_attempt` keeps foreign text
+  next to our token. Decompression is bounded (no zip bombs).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from slurm_colloc.accounting.record import (
+    Attempt,
+    Estimate,
+    JobRecord,
+    MetricsSummary,
+    OomInfo,
+    Requeue,
+)
+from slurm_colloc.config import CollocConfig
+
+VERSION = 1
+PREFIX = f"cl{VERSION}:"
+DEFAULT_MAX_BYTES = CollocConfig().admin_comment_max_bytes
+MAX_DECOMPRESSED = 1 << 20
+_TOKEN = re.compile(r"(?<![a-z0-9])cl(\d{1,3}):([a-z2-7]+)(?![a-z0-9])", re.IGNORECASE)
+_MIN_ENCODED = len(PREFIX) + 40  # room for an empty, truncated record
+
+
+class RecordDecodeError(ValueError):
+    """The text holds no colloc record, or one this version cannot read."""
+
+
+class UnsupportedVersionError(RecordDecodeError):
+    """A record written by a newer colloc (or corrupted version digits)."""
+
+
+class RecordTooLargeError(ValueError):
+    """Even an empty record does not fit the cap next to the comment's foreign text."""
+
+
+# ------------------------------------------------------------------ to/from JSON ---
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None and v != [] and v != {}}
+
+
+def _attempt_to_json(a: Attempt) -> dict[str, Any]:
+    e, o, r, m = a.estimate, a.oom, a.requeue, a.metrics
+    return _drop_none(
+        {
+            "n": a.attempt,
+            "e": _drop_none({"m": e.mib, "x": e.estimator, "g": e.margin, "f": e.fingerprint})
+            if e
+            else None,
+            "s": a.shards,
+            "sm": a.shard_mib,
+            "l": a.limit_mib,
+            "g": a.gpu,
+            "h": a.node,
+            "c": list(a.co_tenants),
+            "o": _drop_none(
+                {"c": o.cause, "p": o.pattern_id, "ev": o.evidence_path, "w": o.whole_gpu or None}
+            )
+            if o
+            else None,
+            "r": _drop_none(
+                {"q": r.requeued, "y": r.reason, "t": r.new_request, "l": r.new_limit_mib}
+            )
+            if r
+            else None,
+            "m": _drop_none(
+                {
+                    "p": m.peak_mib,
+                    "a": m.mean_mib,
+                    "u": m.mean_sm_activity,
+                    "j": m.energy_j,
+                    "k": m.samples,
+                    "d": m.dcgm or None,
+                }
+            )
+            if m
+            else None,
+            "t0": a.start,
+            "t1": a.end,
+        }
+    )
+
+
+def _record_to_json(rec: JobRecord) -> dict[str, Any]:
+    return _drop_none(
+        {
+            "a": [_attempt_to_json(a) for a in rec.attempts],
+            "tr": rec.truncated or None,
+            "da": rec.dropped_attempts or None,
+            "x": dict(rec.extra),
+        }
+    )
+
+
+def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], default: Any = None) -> Any:
+    v = d.get(key, default)
+    if v is None:
+        return default
+    if (
+        isinstance(v, bool)
+        and typ is not bool
+        and bool not in (typ if isinstance(typ, tuple) else (typ,))
+    ):
+        raise RecordDecodeError(f"field {key!r}: expected {typ}, got bool")
+    if not isinstance(v, typ):
+        raise RecordDecodeError(f"field {key!r}: expected {typ}, got {type(v).__name__}")
+    return v
+
+
+def _obj(d: dict[str, Any], key: str) -> dict[str, Any] | None:
+    v = _get(d, key, dict)
+    return v if v is None else dict(v)
+
+
+def _num(d: dict[str, Any], key: str) -> float | None:
+    v = _get(d, key, (int, float))
+    return None if v is None else float(v)
+
+
+def _attempt_from_json(d: Any) -> Attempt:
+    if not isinstance(d, dict):
+        raise RecordDecodeError("attempt is not an object")
+    e, o, r, m = _obj(d, "e"), _obj(d, "o"), _obj(d, "r"), _obj(d, "m")
+    co = _get(d, "c", list, [])
+    if not all(isinstance(x, str) for x in co):
+        raise RecordDecodeError("co_tenants must be strings")
+    return Attempt(
+        attempt=_get(d, "n", int, 0),
+        estimate=Estimate(
+            mib=_get(e, "m", int, 0),
+            estimator=_get(e, "x", str, ""),
+            margin=_num(e, "g"),
+            fingerprint=_get(e, "f", str),
+        )
+        if e is not None
+        else None,
+        shards=_get(d, "s", int),
+        shard_mib=_get(d, "sm", int),
+        limit_mib=_get(d, "l", int),
+        gpu=_get(d, "g", int),
+        node=_get(d, "h", str),
+        co_tenants=tuple(co),
+        oom=OomInfo(
+            cause=_get(o, "c", str, "none"),
+            pattern_id=_get(o, "p", str),
+            evidence_path=_get(o, "ev", str),
+            whole_gpu=_get(o, "w", bool, False),
+        )
+        if o is not None
+        else None,
+        requeue=Requeue(
+            requeued=_get(r, "q", bool, False),
+            reason=_get(r, "y", str, ""),
+            new_request=_get(r, "t", str),
+            new_limit_mib=_get(r, "l", int),
+        )
+        if r is not None
+        else None,
+        metrics=MetricsSummary(
+            peak_mib=_get(m, "p", int),
+            mean_mib=_num(m, "a"),
+            mean_sm_activity=_num(m, "u"),
+            energy_j=_num(m, "j"),
+            samples=_get(m, "k", int, 0),
+            dcgm=_get(m, "d", bool, False),
+        )
+        if m is not None
+        else None,
+        start=_get(d, "t0", int),
+        end=_get(d, "t1", int),
+    )
+
+
+def _decode_v1(payload: bytes) -> JobRecord:
+    try:
+        data = json.loads(payload)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RecordDecodeError(f"payload is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise RecordDecodeError("payload is not a JSON object")
+    extra = _get(data, "x", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise RecordDecodeError("extra must map strings to strings")
+    return JobRecord(
+        attempts=tuple(_attempt_from_json(a) for a in _get(data, "a", list, [])),
+        truncated=_get(data, "tr", bool, False),
+        dropped_attempts=_get(data, "da", int, 0),
+        extra=dict(extra),
+    )
+
+
+_DECODERS: dict[int, Callable[[bytes], JobRecord]] = {1: _decode_v1}
+
+
+# ------------------------------------------------------------------ wire format ---
+
+
+def _pack(rec: JobRecord) -> str:
+    raw = json.dumps(_record_to_json(rec), separators=(",", ":"), ensure_ascii=True)
+    packed = zlib.compress(raw.encode("ascii"), 9)
+    return PREFIX + base64.b32encode(packed).decode("ascii").rstrip("=").lower()
+
+
+def _unpack(version: int, body: str) -> JobRecord:
+    decoder = _DECODERS.get(version)
+    if decoder is None:
+        raise UnsupportedVersionError(f"colloc record version {version} is not supported")
+    body = body.upper()
+    try:
+        packed = base64.b32decode(body + "=" * (-len(body) % 8))
+    except (binascii.Error, ValueError) as e:
+        raise RecordDecodeError(f"not base32: {e}") from e
+    d = zlib.decompressobj()
+    try:
+        raw = d.decompress(packed, MAX_DECOMPRESSED)
+    except zlib.error as e:
+        raise RecordDecodeError(f"not zlib data: {e}") from e
+    if d.unconsumed_tail:
+        raise RecordDecodeError(f"record expands beyond {MAX_DECOMPRESSED} bytes")
+    if not d.eof:
+        raise RecordDecodeError("zlib stream is incomplete")
+    return decoder(raw)
+
+
+def find_token(comment: str) -> re.Match[str] | None:
+    """The ``cl<N>:<base32>`` token inside an AdminComment, if any."""
+    return _TOKEN.search(comment)
+
+
+def decode(comment: str) -> JobRecord:
+    """Decode the colloc record in ``comment`` (any case, foreign text around it ok).
+
+    Raises :class:`RecordDecodeError` when there is none or it cannot be read.
+    """
+    if not isinstance(comment, str):
+        raise RecordDecodeError("AdminComment is not text")
+    m = find_token(comment)
+    if m is None:
+        raise RecordDecodeError("no colloc record in AdminComment")
+    return _unpack(int(m.group(1)), m.group(2))
+
+
+def try_decode(comment: str | None) -> JobRecord | None:
+    """:func:`decode`, but None for an empty, foreign or unreadable comment."""
+    if not comment:
+        return None
+    try:
+        return decode(comment)
+    except RecordDecodeError:
+        return None
+
+
+# ------------------------------------------------------------------ size cap ---
+
+
+def _shrinkers() -> list[Callable[[JobRecord], JobRecord | None]]:
+    """Steps that each drop some detail, least useful first; None = nothing to drop."""
+
+    def drop_extra(r: JobRecord) -> JobRecord | None:
+        return replace(r, extra={}) if r.extra else None
+
+    def trim_co_tenants(r: JobRecord) -> JobRecord | None:
+        if all(len(a.co_tenants) <= 4 for a in r.attempts):
+            return None
+        return replace(
+            r,
+            attempts=tuple(replace(a, co_tenants=a.co_tenants[:4]) for a in r.attempts),
+        )
+
+    def _older(r: JobRecord, fn: Callable[[Attempt], Attempt | None]) -> JobRecord | None:
+        # every attempt but the latest, oldest first
+        for i, a in enumerate(r.attempts[:-1]):
+            b = fn(a)
+            if b is not None:
+                return replace(r, attempts=(*r.attempts[:i], b, *r.attempts[i + 1 :]))
+        return None
+
+    def drop_old_metrics(r: JobRecord) -> JobRecord | None:
+        return _older(r, lambda a: replace(a, metrics=None) if a.metrics else None)
+
+    def drop_old_fingerprints(r: JobRecord) -> JobRecord | None:
+        return _older(
+            r,
+            lambda a: (
+                replace(a, estimate=replace(a.estimate, fingerprint=None))
+                if a.estimate and a.estimate.fingerprint
+                else None
+            ),
+        )
+
+    def drop_all_co_tenants(r: JobRecord) -> JobRecord | None:
+        if not any(a.co_tenants for a in r.attempts):
+            return None
+        return replace(r, attempts=tuple(replace(a, co_tenants=()) for a in r.attempts))
+
+    def drop_middle_attempt(r: JobRecord) -> JobRecord | None:
+        # keep the first (what was estimated) and the last (what happened in the end)
+        if len(r.attempts) <= 2:
+            return None
+        return replace(
+            r,
+            attempts=(r.attempts[0], *r.attempts[2:]),
+            dropped_attempts=r.dropped_attempts + 1,
+        )
+
+    def drop_first_attempt(r: JobRecord) -> JobRecord | None:
+        if len(r.attempts) <= 1:
+            return None
+        return replace(r, attempts=r.attempts[1:], dropped_attempts=r.dropped_attempts + 1)
+
+    def strip_last(r: JobRecord) -> JobRecord | None:
+        if not r.attempts:
+            return None
+        a = r.attempts[-1]
+        slim = Attempt(
+            attempt=a.attempt,
+            limit_mib=a.limit_mib,
+            gpu=a.gpu,
+            oom=replace(a.oom, evidence_path=None) if a.oom else None,
+            requeue=replace(a.requeue, reason=a.requeue.reason[:40]) if a.requeue else None,
+        )
+        if slim == a:
+            return replace(r, attempts=(), dropped_attempts=r.dropped_attempts + 1)
+        return replace(r, attempts=(slim,))
+
+    return [
+        drop_extra,
+        trim_co_tenants,
+        drop_old_metrics,
+        drop_old_fingerprints,
+        drop_all_co_tenants,
+        drop_middle_attempt,
+        drop_first_attempt,
+        strip_last,
+    ]
+
+
+def _fit(rec: JobRecord, budget: int) -> str:
+    text = _pack(rec)
+    if len(text) <= budget:
+        return text
+    rec = replace(rec, truncated=True)
+    for step in _shrinkers():
+        while True:
+            text = _pack(rec)
+            if len(text) <= budget:
+                return text
+            smaller = step(rec)
+            if smaller is None:
+                break
+            rec = smaller
+    text = _pack(rec)
+    if len(text) <= budget:
+        return text
+    raise RecordTooLargeError(f"no colloc record fits in {budget} bytes")
+
+
+def encode(record: JobRecord, *, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """The record as AdminComment text of at most ``max_bytes`` bytes (ASCII)."""
+    if max_bytes < _MIN_ENCODED:
+        raise RecordTooLargeError(f"max_bytes={max_bytes} is below {_MIN_ENCODED}")
+    return _fit(record, max_bytes)
+
+
+def append_attempt(
+    existing: str | None, attempt: Attempt, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> str:
+    """Add (or replace, same attempt number) one attempt to a job's AdminComment.
+
+    ``existing`` is the job's current AdminComment (None or "" for none). A readable
+    colloc record is extended; foreign text is kept and our token is placed after it;
+    an unreadable colloc token (corrupt, or a newer version) is replaced by a fresh
+    record marked truncated, because the epilog must record this attempt regardless.
+    The result never exceeds ``max_bytes``.
+    """
+    foreign = ""
+    rec = JobRecord()
+    if existing:
+        m = find_token(existing)
+        if m is None:
+            foreign = existing.strip()
+        else:
+            foreign = (existing[: m.start()] + " " + existing[m.end() :]).strip()
+            try:
+                rec = _unpack(int(m.group(1)), m.group(2))
+            except RecordDecodeError:
+                rec = JobRecord(truncated=True)
+    attempts = [a for a in rec.attempts if a.attempt != attempt.attempt]
+    attempts.append(attempt)
+    attempts.sort(key=lambda a: a.attempt)
+    rec = replace(rec, attempts=tuple(attempts))
+    sep = " " if foreign else ""
+    budget = max_bytes - len(foreign.encode("utf-8")) - len(sep)
+    if budget < _MIN_ENCODED:
+        raise RecordTooLargeError(
+            f"AdminComment already holds {len(foreign)} bytes of other data; "
+            f"no room for a colloc record within {max_bytes}"
+        )
+    return foreign + sep + _fit(rec, budget)

@@ -1,0 +1,97 @@
+"""The typed per-job record colloc keeps in Slurm's AdminComment.
+
+One :class:`JobRecord` per job, one :class:`Attempt` per run of it (a GPU-OOM requeue
+starts a new attempt). Everything ``colloc-report`` explains comes from here: what was
+estimated, what was granted, where it ran and with whom, what it really used, why it
+died and what was asked for next. Field names are spelled out here; the codec maps
+them to short keys on the wire (:mod:`slurm_colloc.accounting.codec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The submit-time memory estimate the job's shards were derived from."""
+
+    mib: int
+    estimator: str
+    margin: float | None = None
+    """Safety margin the estimator added (fraction, 0.2 = 20 %)."""
+    fingerprint: str | None = None
+    """Model-summary fingerprint: the key of the estimator's measured history."""
+
+
+@dataclass(frozen=True)
+class OomInfo:
+    """Why the attempt died, as the epilog's log scan saw it."""
+
+    cause: str
+    """``gpu-oom``, ``mps-fault``, ``host-oom`` or ``none``."""
+    pattern_id: str | None = None
+    evidence_path: str | None = None
+    """Where the epilog kept the failed attempt's log."""
+    whole_gpu: bool = False
+    """The attempt already had a GPU to itself (so the OOM is the job's own)."""
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """The epilog's requeue decision after this attempt."""
+
+    requeued: bool
+    reason: str
+    new_request: str | None = None
+    """The new TRES request, e.g. ``gres:shard:40``."""
+    new_limit_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricsSummary:
+    """What the sidecar measured for this attempt (None where not measured)."""
+
+    peak_mib: int | None = None
+    mean_mib: float | None = None
+    mean_sm_activity: float | None = None
+    """0..1, from DCGM profiling (or NVML utilization when ``dcgm`` is False)."""
+    energy_j: float | None = None
+    samples: int = 0
+    dcgm: bool = False
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of the job."""
+
+    attempt: int
+    """0 for the first run; Slurm's ``SLURM_RESTART_COUNT`` after that."""
+    estimate: Estimate | None = None
+    shards: int | None = None
+    shard_mib: int | None = None
+    limit_mib: int | None = None
+    """The MPS pinned device memory limit the job ran with."""
+    gpu: int | None = None
+    node: str | None = None
+    co_tenants: tuple[str, ...] = ()
+    """Job ids that shared the GPU at some time during this attempt."""
+    oom: OomInfo | None = None
+    requeue: Requeue | None = None
+    metrics: MetricsSummary | None = None
+    start: int | None = None
+    """Unix time (s) the attempt started."""
+    end: int | None = None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """All attempts of a job, oldest first."""
+
+    attempts: tuple[Attempt, ...] = ()
+    truncated: bool = False
+    """Details were dropped to fit ``admin_comment_max_bytes``."""
+    dropped_attempts: int = 0
+    """Attempts removed entirely by truncation (their numbers are gone too)."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Small free-form notes (site use); dropped first when over the cap."""
