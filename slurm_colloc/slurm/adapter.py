@@ -82,6 +82,10 @@ class SlurmAdapter(abc.ABC):
         """Requeue a (finished or running) batch job."""
 
     @abc.abstractmethod
+    def release(self, job_id: int | str) -> None:
+        """Release a held job."""
+
+    @abc.abstractmethod
     def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
         """Set AdminComment of a finished job in slurmdbd (sacctmgr; lowercases!)."""
 
@@ -213,6 +217,9 @@ class SlurmCli(SlurmAdapter):
 
     def requeue(self, job_id: int | str, *, hold: bool = False) -> None:
         self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    def release(self, job_id: int | str) -> None:
+        self.run("scontrol", "release", str(job_id))
 
     def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
         self.run(

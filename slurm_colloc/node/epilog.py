@@ -1,0 +1,173 @@
+"""Epilog (root, compute node): release MPS, find GPU OOM, keep evidence, requeue.
+
+Order matters: the MPS registration is released first (whatever else fails, the
+GPU must not keep a daemon for a job that is gone). Then, for a job that failed,
+its logs are scanned; a GPU OOM of a collocated job is answered with a requeue on a
+GPU of its own. The requeue happens right here: ``scontrol requeuehold`` works while
+the job is COMPLETING (checked on 22.05), then the shard request is raised, the
+record written to AdminComment (allowed while the job is pending), and the job is
+released with ``StartTime=now`` to skip the requeue BeginTime delay.
+"""
+
+from __future__ import annotations
+
+import logging
+import pwd
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.node import evidence, requeue_policy
+from slurm_colloc.node.job import JobContext
+from slurm_colloc.node.prolog import daemon_for
+from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
+
+
+@dataclass
+class EpilogResult:
+    """What the epilog found and did (logged, and recorded for the report)."""
+
+    job_id: int
+    released: list[tuple[int, int]] = field(default_factory=list)
+    stopped_daemons: list[tuple[int, int]] = field(default_factory=list)
+    cause: str = "none"
+    pattern: str | None = None
+    evidence_line: str | None = None
+    evidence_files: list[str] = field(default_factory=list)
+    decision: requeue_policy.RequeueDecision | None = None
+    requeued: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One log line."""
+        parts = [f"cause={self.cause}"]
+        if self.pattern:
+            parts.append(f"pattern={self.pattern}")
+        if self.decision:
+            parts.append(f"requeue={'yes' if self.requeued else 'no'} ({self.decision.reason})")
+        if self.evidence_files:
+            parts.append(f"evidence={','.join(self.evidence_files)}")
+        if self.stopped_daemons:
+            parts.append(f"stopped MPS daemons {self.stopped_daemons}")
+        if self.errors:
+            parts.append(f"errors: {'; '.join(self.errors)}")
+        return " ".join(parts)
+
+    def record(self) -> dict[str, Any]:
+        """The attempt's facts for the accounting record."""
+        return {
+            "cause": self.cause,
+            "pattern": self.pattern,
+            "evidence": self.evidence_files[0] if self.evidence_files else None,
+            "requeued": self.requeued,
+            "new_shards": self.decision.new_shards if self.decision and self.requeued else None,
+            "reason": self.decision.reason if self.decision else None,
+        }
+
+
+def release_mps(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> None:
+    """Forget the job; stop each (GPU, user) daemon it leaves without jobs."""
+    tenancy = Tenancy(Path(cfg.mps_root))
+    for gpu in ctx.gpus:
+        with tenancy.locked(gpu):
+            for g, uid in tenancy.remove_job(ctx.job_id):
+                result.released.append((g, uid))
+            for uid in tenancy.users_on(gpu):
+                if not tenancy.jobs_of(gpu, uid):
+                    d = daemon_for(cfg, tenancy, gpu, uid)
+                    if d.pid() is not None:
+                        d.stop()
+                        result.stopped_daemons.append((gpu, uid))
+
+
+def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:
+    """Whole shards the job's GPU offers (its memory / shard size)."""
+    from slurm_colloc.gpu.select import backend_from_config
+
+    backend = backend_from_config(cfg)
+    try:
+        for g in backend.gpus():
+            if gpu is None or g.index == gpu:
+                return g.memory_total_mib // cfg.shard_mib
+    finally:
+        backend.close()
+    raise ValueError(f"GPU {gpu} not found by the {cfg.gpu_backend} backend")
+
+
+def estimate_of(ctx: JobContext) -> int | None:
+    """The submit-time estimate in MiB, if job_submit recorded one."""
+    from slurm_colloc.node.submit_meta import parse
+
+    value = parse(ctx.admin_comment).get("estimate_mib")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def run(
+    ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter, log: logging.LoggerAdapter[Any]
+) -> EpilogResult:
+    """Do the epilog's work for one job (see module docstring)."""
+    from slurm_colloc.oom.detector import scan_files
+
+    result = EpilogResult(ctx.job_id)
+    try:
+        release_mps(ctx, cfg, result)
+    except Exception as e:  # noqa: BLE001 - keep going: OOM handling is independent
+        result.errors.append(f"MPS release failed: {e}")
+    if ctx.exit_code in ("", "0:0") or not (ctx.stdout or ctx.stderr):
+        return result
+    logs = [p for p in (ctx.stdout, ctx.stderr) if p]
+    scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20)
+    result.cause = scan.cause
+    result.pattern = scan.pattern_id
+    result.evidence_line = scan.evidence.line if scan.evidence else None
+    if scan.cause == "none":
+        return result
+    try:
+        pw = pwd.getpwuid(ctx.uid)
+        result.evidence_files = evidence.keep(
+            cfg.evidence_dir, ctx.job_id, ctx.restarts, ctx.uid, pw.pw_gid, logs,
+            cfg.log_scan_tail_mib << 20,
+        )
+    except Exception as e:  # noqa: BLE001 - evidence is best effort; the requeue is not
+        result.errors.append(f"evidence not kept: {e}")
+    if not ctx.gpus:
+        return result
+    spg = shards_per_gpu(cfg, ctx.gpu)
+    shards = ctx.shards if ctx.is_shared else spg
+    result.decision = requeue_policy.decide(
+        cause=scan.cause, shards=shards, shards_per_gpu=spg, restarts=ctx.restarts,
+        estimate_mib=estimate_of(ctx), cfg=cfg,
+    )
+    if result.decision.requeue:
+        try:
+            requeue(ctx, adapter, result.decision.new_shards)
+            result.requeued = True
+        except SlurmError as e:
+            result.errors.append(f"requeue failed: {e}")
+            log.error("requeue failed: %s", e)
+    return result
+
+
+def requeue(ctx: JobContext, adapter: SlurmAdapter, new_shards: int) -> None:
+    """Hold-requeue, raise the shard request, hand the release to the agent.
+
+    Holding first closes the race in which the scheduler starts the job again with
+    the old request before the update lands. The release waits for the job to leave
+    COMPLETING (see :mod:`slurm_colloc.node.release_agent`).
+    """
+    import os
+
+    from slurm_colloc.node import release_agent
+    from slurm_colloc.node.prolog import main_env
+
+    adapter.requeue(ctx.job_id, hold=True)
+    try:
+        if new_shards != ctx.shards or not ctx.is_shared:
+            adapter.update_job(ctx.job_id, TresPerNode=f"gres:shard:{new_shards}")
+    finally:
+        try:
+            release_agent.spawn(ctx.job_id, main_env(os.environ))
+        except OSError:
+            adapter.release(ctx.job_id)

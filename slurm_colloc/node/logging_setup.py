@@ -1,0 +1,41 @@
+"""Logging for node scripts: one prefix per component with the job id.
+
+``colloc: epilog: job 1234: requeued on a whole GPU (gpu-oom, torch-oom-new)``.
+Goes to ``CollocConfig.log_file`` and, for Slurm's own log, to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+
+class JobAdapter(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes every message with the component and the job id."""
+
+    def process(self, msg: str, kwargs):  # type: ignore[no-untyped-def, override]
+        extra = self.extra or {}
+        return f"{extra.get('component')}: job {extra.get('job_id')}: {msg}", kwargs
+
+
+def node_logger(component: str, job_id: object, log_file: str | None) -> JobAdapter:
+    """A logger for one node script invocation (never raises on a bad log path)."""
+    logger = logging.getLogger(f"colloc.node.{component}")
+    fmt = logging.Formatter("%(asctime)s colloc: %(message)s")
+    if not logger.handlers:
+        logger.setLevel(logging.INFO)
+        err = logging.StreamHandler(sys.stderr)
+        err.setFormatter(fmt)
+        logger.addHandler(err)
+        logger.propagate = False
+    has_file = any(isinstance(h, logging.FileHandler) for h in logger.handlers)
+    if log_file and not has_file:
+        try:
+            Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+            fh = logging.FileHandler(log_file)
+            fh.setFormatter(fmt)
+            logger.addHandler(fh)
+        except OSError as e:
+            logger.warning("cannot open log file %s: %s", log_file, e)
+    return JobAdapter(logger, {"component": component, "job_id": job_id})

@@ -1,0 +1,118 @@
+"""Prolog (root, compute node): give a shard job its MPS daemon and memory limit.
+
+For a shard job: make sure the (GPU, user) MPS control daemon runs, register the job
+with it, and leave the TaskProlog the values to export (pipe directory, pinned
+memory limit = shards x shard size, optional thread percentage). For a whole-GPU
+job: make sure no idle or stale MPS daemon of ours is left on its GPUs.
+
+Failure policy: any error is logged with the job id and the job runs without MPS
+(its Slurm shards still bound its share); the prolog never makes slurmd drain the
+node. The caller (prolog/colloc_prolog.py) always exits 0.
+"""
+
+from __future__ import annotations
+
+import pwd
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.mps.control import MpsDaemon
+from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.node.job import JobContext
+from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter
+
+
+@dataclass(frozen=True)
+class PrologDecision:
+    """What the prolog did, for the log and the accounting record."""
+
+    mode: str
+    """``shared`` (MPS, limited), ``exclusive`` (whole GPU), ``none`` (no GPU)."""
+    gpu: int | None = None
+    limit_mib: int | None = None
+    pipe_dir: str | None = None
+    detail: str = ""
+
+
+def daemon_for(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> MpsDaemon:
+    """The MPS control daemon handle serving ``uid`` on ``gpu``."""
+    return MpsDaemon(cfg.mps_control, gpu, tenancy.pipe_dir(gpu, uid), tenancy.log_dir(gpu, uid))
+
+
+def reap_stale(
+    cfg: CollocConfig, tenancy: Tenancy, gpu: int, adapter: SlurmAdapter, keep: int | None = None
+) -> list[int]:
+    """Forget jobs on ``gpu`` the controller says are over; stop daemons left idle.
+
+    Covers a crashed epilog or a node reboot: markers of finished jobs would
+    otherwise keep a daemon (and its pipe directory) alive forever.
+    """
+    reaped = []
+    for uid in tenancy.users_on(gpu):
+        for job in tenancy.jobs_of(gpu, uid):
+            if job == keep:
+                continue
+            info = adapter.show_job(job)
+            state = (info or {}).get("JobState", "UNKNOWN")
+            if info is None or state in TERMINAL_STATES or state == "PENDING":
+                tenancy.remove_job(job)
+                reaped.append(job)
+        if not tenancy.jobs_of(gpu, uid):
+            daemon_for(cfg, tenancy, gpu, uid).stop()
+    return reaped
+
+
+def run(ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter) -> PrologDecision:
+    """Prepare MPS for the job (see module docstring)."""
+    tenancy = Tenancy(Path(cfg.mps_root))
+    if not ctx.gpus:
+        return PrologDecision("none", detail="no GPU bound to the job")
+    if not ctx.is_shared:
+        for gpu in ctx.gpus:
+            with tenancy.locked(gpu):
+                reap_stale(cfg, tenancy, gpu, adapter)
+                busy = [j for u in tenancy.users_on(gpu) for j in tenancy.jobs_of(gpu, u)]
+            if busy:
+                return PrologDecision(
+                    "exclusive", gpu, detail=f"WARNING: GPU {gpu} still serves MPS jobs {busy}"
+                )
+        return PrologDecision("exclusive", ctx.gpus[0], detail="whole GPU, no MPS")
+    gpu = ctx.gpus[0]
+    limit = ctx.shards * cfg.shard_mib
+    with tenancy.locked(gpu):
+        reap_stale(cfg, tenancy, gpu, adapter, keep=ctx.job_id)
+        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid)
+        if not daemon.running():
+            tenancy.prepare_user_dirs(gpu, ctx.uid)
+            daemon.start()
+            if cfg.active_thread_percentage:
+                daemon.set_defaults(None, cfg.active_thread_percentage)
+            gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
+            tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
+        tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(tenancy.pipe_dir(gpu, ctx.uid)),
+        "CUDA_MPS_LOG_DIRECTORY": str(tenancy.log_dir(gpu, ctx.uid)),
+        # device 0 = the job's only visible GPU (CUDA_VISIBLE_DEVICES renumbers)
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M",
+        "COLLOC_GPU": str(gpu),
+        "COLLOC_LIMIT_MIB": str(limit),
+    }
+    if cfg.active_thread_percentage:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
+    tenancy.write_job_env(ctx.job_id, env)
+    return PrologDecision(
+        "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
+        detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}",
+    )
+
+
+def main_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment Slurm tools need when run from a node script (no PATH given)."""
+    out = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
+    for k in ("SLURM_CONF", "COLLOC_CONF"):
+        if k in env:
+            out[k] = env[k]
+    return out

@@ -1,0 +1,70 @@
+"""What to ask for when a collocated job ran out of GPU memory.
+
+Pure arithmetic on shards, so it is easy to test and to explain in the report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from slurm_colloc.config import CollocConfig
+
+STEP_MIN_MIB = 5 * 1024
+
+
+@dataclass(frozen=True)
+class RequeueDecision:
+    """Whether to requeue, with what request, and the sentence the report shows."""
+
+    requeue: bool
+    new_shards: int
+    reason: str
+
+
+def decide(
+    *,
+    cause: str,
+    shards: int,
+    shards_per_gpu: int,
+    restarts: int,
+    estimate_mib: int | None,
+    cfg: CollocConfig,
+) -> RequeueDecision:
+    """Decide the next attempt of a job whose logs show ``cause``.
+
+    ``gpu-oom`` of a shared job steps up (a whole GPU by default); ``mps-fault``
+    (a co-tenant's fatal error took the MPS server down) requeues with the same
+    request, because the job did nothing wrong. A job that already had a whole GPU
+    is never requeued for OOM: more of the same GPU does not exist.
+    """
+    if cause not in ("gpu-oom", "mps-fault"):
+        return RequeueDecision(False, shards, "no GPU out-of-memory in the job's logs")
+    if not cfg.requeue_on_oom:
+        return RequeueDecision(False, shards, "requeue_on_oom is off in colloc.conf")
+    if restarts >= cfg.max_requeues:
+        return RequeueDecision(
+            False, shards, f"already requeued {restarts} time(s); max_requeues={cfg.max_requeues}"
+        )
+    if shards <= 0 or shards >= shards_per_gpu:
+        if cause == "mps-fault":
+            return RequeueDecision(True, shards, "MPS server fault caused by a co-tenant: same request")
+        return RequeueDecision(
+            False, shards,
+            "out of GPU memory on a whole GPU: the job needs more memory than one GPU "
+            "has (smaller batch, mixed precision or a bigger GPU); not requeued",
+        )
+    if cause == "mps-fault":
+        return RequeueDecision(True, shards, "MPS server fault caused by a co-tenant: same request")
+    if cfg.step_up_policy == "step" and shards < shards_per_gpu:
+        base = estimate_mib if estimate_mib else shards * cfg.shard_mib
+        want = base + max(STEP_MIN_MIB, base // 2)
+        step = min(shards_per_gpu, math.ceil(want / cfg.shard_mib))
+        if step > shards and restarts == 0:
+            return RequeueDecision(
+                True, step, f"GPU OOM with {shards} shards: step up to {step} shards"
+            )
+    return RequeueDecision(
+        True, shards_per_gpu,
+        f"GPU OOM with {shards} shards: requeued on a whole GPU ({shards_per_gpu} shards)",
+    )
