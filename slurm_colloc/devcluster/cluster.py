@@ -257,6 +257,7 @@ class Cluster:
         dbd.write_text(configs.slurmdbd_conf(s, L, password))
         dbd.chmod(0o600)
         L.colloc_conf.write_text(configs.colloc_conf(s, L, self.venv_bin))
+        self._install_site()
         self._init_sim()
         L.spec_file.write_text(self.spec.to_json())
 
@@ -283,6 +284,14 @@ class Cluster:
             wrapper.chmod(0o755)
             out[key] = wrapper
         return out
+
+    def _install_site(self) -> None:
+        """The submit path (SPANK plugin, Lua filters) of slurm_colloc.site."""
+        from slurm_colloc.config import load
+        from slurm_colloc.site.install import install, settings_from_config
+
+        settings = settings_from_config(load(self.layout.colloc_conf))
+        install(self.layout.etc, self.layout.root / "lib", settings, force=True)
 
     def _init_sim(self) -> None:
         from slurm_colloc.gpu.sim.state import init_state

@@ -11,6 +11,7 @@ import secrets
 from pathlib import Path
 
 from slurm_colloc.devcluster.layout import Layout, Spec, controller_hostname
+from slurm_colloc.site import install as site_install
 
 
 def gres_conf(spec: Spec, layout: Layout) -> str:
@@ -77,6 +78,8 @@ def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None 
         "JobCompType=jobcomp/none",
         "JobRequeue=1",
     ]
+    # the submit path: sbatch --colloc, cli_filter.lua, job_submit.lua (slurm_colloc.site)
+    lines += site_install.slurm_conf_lines(layout.etc)
     for key, path in sorted((node_scripts or {}).items()):
         lines.append(f"{key}={path}")
     if node_scripts and "Prolog" in node_scripts:
@@ -123,6 +126,7 @@ def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
             'gpu_backend = "sim"',
             f'sim_state_dir = "{layout.sim}"',
             f"shard_mib = {spec.shard_mib}",
+            f"gpu_memory_mib = {spec.gpu_memory_mib}",
             f'mps_control = "{venv_bin / "colloc-sim-mps-control"}"',
             f'mps_root = "{layout.run / "mps"}"',
             f'evidence_dir = "{v / "evidence"}"',
