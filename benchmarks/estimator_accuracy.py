@@ -1,0 +1,270 @@
+"""Accuracy and speed of the GPU-memory estimators on measured A100 peaks.
+
+One command::
+
+    .venv/bin/python benchmarks/estimator_accuracy.py             # evaluate (table)
+    .venv/bin/python benchmarks/estimator_accuracy.py --calibrate # refit, then evaluate
+
+Data (``../shared/data/gpu-memory``, not shipped; see docs/estimators.md for sources):
+
+* ``gpumemnet_mlp_a100.csv``: 3,000 MLP runs; each row's layer list becomes a summary
+  in our JSON format (input width from the file name).
+* ``timm_a100_calibration.csv``: timm model x batch, measured peak (Adam, fp32) and
+  PyTorch FakeTensor's estimate (shown as the tracing baseline); the model summaries
+  come from ``benchmarks/summaries/timm_torchinfo.jsonl.xz``
+  (``make_timm_summaries.py``). Rows whose FakeTensor figure already exceeds the
+  40 GiB card, or whose measured peak is at the card's capacity, are runs that hit
+  OOM: their "peak" is not the job's need and they are left out (counted in the
+  header).
+
+Split: by model (timm) / by architecture file (MLP), a fixed hash, 30% held out. The
+calibration (``--calibrate``) sees only the calibration split; the table reports both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import lzma
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+
+from estimators import estimate, parse_summary  # noqa: E402
+from estimators.base import Job  # noqa: E402
+from estimators.calibration import Row, fit  # noqa: E402
+from estimators.features import compute  # noqa: E402
+from estimators.horus import HorusEstimator  # noqa: E402
+from estimators.layer_aware import (  # noqa: E402
+    CALIBRATION_FILE,
+    PRIOR,
+    LayerAwareEstimator,
+    load_calibration,
+)
+from estimators.model import ModelSummary  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "gpu-memory"
+SUMMARIES = REPO / "benchmarks" / "summaries" / "timm_torchinfo.jsonl.xz"
+CARD_MIB = 40960
+AT_CAPACITY_MIB = 40000
+HELD_OUT_SHARE = 0.30
+FAILED_RATIO = 0.9
+"""A run whose measured peak is below 90% of FakeTensor's tensors-only figure did not
+complete a training step (the trace is a lower bound of what a step allocates)."""
+
+
+def held_out(key: str) -> bool:
+    """Deterministic split by a hash of the model / architecture name."""
+    h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return (h % 1000) < HELD_OUT_SHARE * 1000
+
+
+@dataclass
+class Case:
+    """One measured run."""
+
+    dataset: str
+    key: str
+    batch: int
+    measured: float
+    summary: ModelSummary
+    faketensor: float | None
+    held_out: bool
+
+
+def mlp_cases(path: Path) -> list[Case]:
+    """GPUMemNet MLP rows as summaries in our JSON format."""
+    df = pd.read_csv(path)
+    cases = []
+    for row in df.itertuples(index=False):
+        fname = str(row.Filename)
+        layers = ast.literal_eval(str(row[2]))
+        doc = {
+            "format": "colloc-summary/1",
+            "name": fname,
+            "layers": [{"type": t, "output_shape": [int(w)], "params": int(p)}
+                       for t, w, p in layers],
+            "total_params": int(row[5]),
+        }
+        summary = parse_summary(json.dumps(doc))
+        cases.append(Case("mlp", fname, int(row[6]), float(row[9]), summary, None,
+                          held_out(fname)))
+    return cases
+
+
+def timm_cases(path: Path) -> tuple[list[Case], dict[str, int]]:
+    """timm rows that have a summary and did not run out of memory."""
+    with lzma.open(SUMMARIES, "rt", encoding="utf-8") as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    partial = SUMMARIES.with_suffix(".partial.jsonl")  # a generation still running
+    if partial.exists():
+        recs += [json.loads(line) for line in partial.open() if line.strip()]
+    summaries = {r["model"]: parse_summary(r["summary"]) for r in recs if "summary" in r}
+    df = pd.read_csv(path)
+    dropped = {"no_summary": 0, "oom": 0, "failed": 0}
+    cases = []
+    for row in df.itertuples(index=False):
+        model = str(row.model)
+        if model not in summaries:
+            dropped["no_summary"] += 1
+            continue
+        fake, measured = float(row.faketensor_estimate_mib), float(row.measured_peak_mib)
+        if fake >= CARD_MIB or measured >= AT_CAPACITY_MIB:
+            dropped["oom"] += 1
+            continue
+        if measured < FAILED_RATIO * fake:
+            dropped["failed"] += 1
+            continue
+        cases.append(Case("timm", model, int(row.batch_size), float(row.measured_peak_mib),
+                          summaries[model], float(row.faketensor_estimate_mib), held_out(model)))
+    return cases, dropped
+
+
+def metrics(est: list[float], meas: list[float]) -> dict[str, float]:
+    """Share not underestimated, median / p90 overestimate, worst underestimate."""
+    rel = [(e - m) / m for e, m in zip(est, meas, strict=True)]
+    over = sorted(r for r in rel if r >= 0)
+    q = statistics.quantiles(rel, n=10) if len(rel) >= 2 else rel * 9
+    return {
+        "n": len(rel),
+        "ok": sum(r >= 0 for r in rel) / len(rel),
+        "med": statistics.median(rel),
+        "med_over": statistics.median(over) if over else float("nan"),
+        "p90": q[8],
+        "worst": min(rel),
+    }
+
+
+def evaluate(cases: list[Case]) -> dict[str, Callable[[Case], float | None]]:
+    """The estimators compared: name -> function of a case (None = not applicable)."""
+    horus, la = HorusEstimator(), LayerAwareEstimator()
+    prior = LayerAwareEstimator(PRIOR)
+
+    def run(e: HorusEstimator | LayerAwareEstimator) -> Callable[[Case], float]:
+        return lambda c: float(e.estimate(c.summary, Job(batch_size=c.batch)).estimate_mib)
+
+    return {
+        "horus": run(horus),
+        "faketensor": lambda c: c.faketensor,
+        "physics-prior": run(prior),
+        "layer-aware": run(la),
+    }
+
+
+def table(cases: list[Case]) -> str:
+    """The accuracy table, one line per estimator x dataset x split."""
+    ests = evaluate(cases)
+    lines = [f"{'estimator':<14} {'data':<5} {'split':<9} {'n':>5} {'not-under':>9} "
+             f"{'med-err':>8} {'med-over':>8} {'p90-err':>8} {'worst-under':>11}"]
+    for name, fn in ests.items():
+        for ds in ("mlp", "timm", "all"):
+            for split in ("calib", "held-out"):
+                sel = [c for c in cases if (ds == "all" or c.dataset == ds)
+                       and c.held_out == (split == "held-out")]
+                pairs = [(fn(c), c.measured) for c in sel]
+                pairs2 = [(e, m) for e, m in pairs if e is not None]
+                if not pairs2:
+                    continue
+                m = metrics([e for e, _ in pairs2], [m for _, m in pairs2])
+                lines.append(
+                    f"{name:<14} {ds:<5} {split:<9} {m['n']:>5} {m['ok']:>9.1%} "
+                    f"{m['med']:>+8.1%} {m['med_over']:>+8.1%} {m['p90']:>+8.1%} "
+                    f"{m['worst']:>+11.1%}")
+    return "\n".join(lines)
+
+
+def calibrate(cases: list[Case]) -> None:
+    """Fit on the calibration split and write ``estimators/data/calibration.json``."""
+    rows = [Row(compute(c.summary, c.batch, None, "adam", "fp32"), c.measured, c.dataset)
+            for c in cases if not c.held_out]
+    cal = fit(rows)
+    doc = cal.to_dict()
+    doc["fitted_on"] = {
+        "rows": len(rows),
+        "by_dataset": {ds: sum(r.group == ds for r in rows) for ds in ("mlp", "timm")},
+        "data": ["gpumemnet_mlp_a100.csv", "timm_a100_calibration.csv (non-OOM rows)"],
+        "split": f"hash of model name, {HELD_OUT_SHARE:.0%} held out, never fitted",
+        "command": "benchmarks/estimator_accuracy.py --calibrate",
+    }
+    CALIBRATION_FILE.parent.mkdir(parents=True, exist_ok=True)
+    CALIBRATION_FILE.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {CALIBRATION_FILE.relative_to(REPO)}: "
+          f"context {cal.context_mib:.0f} MiB, k_params {cal.k_params:.3f}, "
+          f"margin {cal.margin_rel:.1%} + {cal.margin_abs_mib:.0f} MiB")
+
+
+def timings(summary_text: str) -> str:
+    """CLI wall time (fresh process each call) and library call time."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(summary_text)
+        path = f.name
+    exe = Path(sys.executable).parent / "colloc"
+    if exe.exists():
+        argv = [str(exe)]
+    else:
+        argv = [sys.executable, "-c",
+                "import sys; from slurm_colloc.cli import main; sys.exit(main())"]
+    argv += ["estimate", "--summary", path, "--batch-size", "32", "--json"]
+    walls = []
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    for _ in range(7):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+        walls.append(time.perf_counter() - t0)
+    Path(path).unlink()
+    lib = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        estimate(summary_text, batch_size=32)
+        lib.append(time.perf_counter() - t0)
+    return (f"CLI `colloc estimate --json` (resnet50 torchinfo): median "
+            f"{statistics.median(walls) * 1000:.0f} ms, max {max(walls) * 1000:.0f} ms wall "
+            f"(7 runs)\nlibrary estimate(text, batch_size=32) incl. parsing: median "
+            f"{statistics.median(lib) * 1000:.2f} ms, p99 "
+            f"{sorted(lib)[int(len(lib) * 0.99) - 1] * 1000:.2f} ms (200 calls)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibrate", action="store_true", help="refit calibration.json first")
+    ap.add_argument("--no-timing", action="store_true")
+    args = ap.parse_args()
+    cases = mlp_cases(DATA / "gpumemnet_mlp_a100.csv")
+    timm, dropped = timm_cases(DATA / "timm_a100_calibration.csv")
+    cases += timm
+    n_models = len({c.key for c in timm})
+    print(f"cases: {sum(c.dataset == 'mlp' for c in cases)} MLP runs, {len(timm)} timm runs "
+          f"({n_models} models); left out: {dropped['oom']} timm OOM/at-capacity rows, "
+          f"{dropped['failed']} failed-run rows, "
+          f"{dropped['no_summary']} rows without a summary; held out: "
+          f"{sum(c.held_out for c in cases)} runs")
+    if args.calibrate:
+        calibrate(cases)
+    cal = load_calibration()
+    print(f"calibration: context {cal.context_mib:.0f} MiB, k_params {cal.k_params:.3f}, "
+          f"margin {cal.margin_rel:.1%} of the model part + {cal.margin_abs_mib:.0f} MiB")
+    print("errors are (estimate - measured) / measured; med-over = median over the "
+          "not-underestimated runs")
+    print(table(cases))
+    if not args.no_timing:
+        text = next((c for c in timm if c.key == "resnet50"), None)
+        sample = REPO / "sbatch_templates" / "summaries" / "resnet50_torchinfo.txt"
+        print(timings(sample.read_text() if sample.exists() or text is None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""From a parsed summary and a job (batch, sequence, optimizer, precision) to the
+physical quantities the estimators combine: bytes kept per layer category (after the
+allocator's rounding), attention score tensors, the largest single activation
+(a proxy for cuDNN/cuBLAS workspaces and backward temporaries) and parameter bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from estimators.layers import CATEGORIES, has_token_scores, leaf_category
+from estimators.model import ModelSummary
+from estimators.physics import MIB, SegmentPacker, activation_bytes_per_elem, param_bytes
+
+DEFAULT_SEQ_LEN = 512
+"""Sequence length assumed for a shape-less summary (``print(model)``) with no
+``--seq-len`` and no position-embedding table to bound it."""
+
+HEAD_DIM = 64
+"""Attention head width assumed when counting score tensors (``heads = width / 64``,
+the common choice of BERT, GPT-2, ViT)."""
+
+
+@dataclass(frozen=True)
+class Features:
+    """Per-job physical quantities, all in MiB (activations already times the batch)."""
+
+    act: dict[str, float]
+    """Reserved MiB of each category's outputs, as if every output were kept once."""
+    attn_scores: float
+    """MiB of one ``heads x N x N`` score tensor per attention layer, summed."""
+    largest: float
+    """MiB of the largest single layer output (workspace / temporary proxy)."""
+    params: dict[str, float]
+    """Weights, gradients, optimizer state, optimizer step temporaries (MiB)."""
+    seq_len: int | None
+    seq_assumed: bool
+
+
+def seq_scale(summary: ModelSummary, seq_len: int | None) -> tuple[float, int | None, bool]:
+    """Activation scale for a requested sequence length, the effective length, and
+    whether it was assumed rather than given."""
+    if summary.has_shapes:
+        if seq_len and summary.seq_len:
+            return seq_len / summary.seq_len, seq_len, False
+        return 1.0, summary.seq_len, False
+    if seq_len:
+        return 1.0, seq_len, False
+    bound = summary.meta.get("max_positions")
+    return 1.0, int(bound) if bound else DEFAULT_SEQ_LEN, True
+
+
+def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimizer: str,
+            precision: str) -> Features:
+    """Compute the features of one job."""
+    scale, eff_seq, assumed = seq_scale(summary, seq_len)
+    bpe = activation_bytes_per_elem(precision)
+    per_elem = batch_size * bpe * scale
+    packers = {c: SegmentPacker() for c in CATEGORIES}
+    largest = 0.0
+    scores = 0.0
+    for layer in summary.layers:
+        n = layer.out_elems(eff_seq)
+        if has_token_scores(layer.type) and n:
+            groups, tokens, width = _attention_geometry(layer.output_shape, eff_seq,
+                                                        layer.width)
+            tokens = int(tokens * scale)
+            heads = max(1, width // HEAD_DIM)
+            scores += batch_size * groups * heads * tokens * tokens * bpe / MIB
+        if not layer.leaf or not n:
+            continue
+        nbytes = n * per_elem
+        packers[leaf_category(layer.type, layer.params)].add(nbytes)
+        largest = max(largest, nbytes)
+    pb = param_bytes(summary.total_params, summary.trainable_params, optimizer, precision)
+    return Features(
+        act={c: p.reserved() / MIB for c, p in packers.items()},
+        attn_scores=scores,
+        largest=largest / MIB,
+        params={k: v / MIB for k, v in pb.items()},
+        seq_len=eff_seq,
+        seq_assumed=assumed,
+    )
+
+
+def _attention_geometry(shape: tuple[int, ...] | None, seq: int | None,
+                        width: int | None) -> tuple[int, int, int]:
+    """(independent groups, tokens per group, channels) of an attention output.
+
+    ``[C, H, W]`` with ``H == W`` is a feature map (tokens = H*W); otherwise the last
+    dimension is the channel width, the one before it the tokens, and any leading
+    dimensions are independent windows / blocks (attention is within each). A flat
+    shape says nothing about tokens: no score tensor is counted for it.
+    """
+    if shape is None:
+        return 1, (seq or 1), (width or HEAD_DIM)
+    if len(shape) < 2:
+        return 0, 0, 0
+    if len(shape) == 3 and shape[1] == shape[2]:
+        return 1, shape[1] * shape[2], shape[0]
+    return _prod(shape[:-2]), shape[-2], shape[-1]
+
+
+def _prod(xs: tuple[int, ...]) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p

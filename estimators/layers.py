@@ -1,0 +1,87 @@
+"""Layer taxonomy: which layer types keep what for the backward pass.
+
+Autograd keeps, per layer, the tensors its backward needs. Consecutive layers share
+tensors (a convolution saves its input, which is the previous ReLU's saved output),
+so to first order every leaf's *output* is kept once, in the activation dtype. The
+exceptions are what this module encodes: views and identities keep nothing, dropout
+adds a one-byte mask, max-pooling adds int64 indices, attention blocks hide their
+q/k/v and (unless fused) score tensors behind a single output shape, and containers
+shown without their children (a truncated torchinfo depth) hide a whole block.
+
+Names come from PyTorch, timm, Hugging Face and Keras; matching is on the class name
+only, so a custom layer falls into ``other`` (counted like an ordinary layer).
+"""
+
+from __future__ import annotations
+
+import re
+
+CATEGORIES = (
+    "conv", "linear", "norm", "act", "softmax", "dropout", "pool_max", "pool",
+    "embedding", "attention", "block", "free", "other",
+)
+
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (cat, re.compile(rx, re.IGNORECASE))
+    for cat, rx in (
+        ("free", r"^(identity|flatten|unflatten|reshape|permute|inputlayer|view|"
+                 r"zeropadding\dd|cropping\dd|add|concatenate|multiply|lambda|"
+                 r"stochasticdepth|droppath|layerscale\w*|scale\w*)$"),
+        ("dropout", r"dropout"),
+        ("attention", r"(attention|attn)"),
+        ("softmax", r"^(log|radix)?softmax\d?d?$"),
+        ("norm", r"(norm|normalization)"),
+        ("embedding", r"embedding$"),
+        ("pool_max", r"max_?pool"),
+        ("pool", r"(pool|pooling)"),
+        ("conv", r"(conv|conv\dd|convtranspose\dd)"),
+        ("linear", r"^(linear|dense|lazylinear|nondynamicallyquantizablelinear|"
+                   r"conv1d_hf|einsumdense|bilinear)$"),
+        ("act", r"^(relu6?|gelu\w*|silu|swish|mish|elu|selu|celu|leakyrelu|prelu|rrelu|"
+                r"sigmoid|tanh|softplus|softsign|hardswish|hardsigmoid|hardtanh|"
+                r"quickgelu|\w*activation|glu|swiglu|logsigmoid|tanhshrink|threshold|\w+act)$"),
+    )
+)
+
+_CONTAINERS = re.compile(
+    r"^(sequential|modulelist|moduledict|\w*(block|layer|stage|stem|encoder|decoder|"
+    r"embeddings|model|net|module|mlp|ffn|feedforward|bottleneck|head|neck|pooler|"
+    r"transformer|backbone|features|cell|unit|branch))$",
+    re.IGNORECASE,
+)
+
+
+_NO_SCORES = re.compile(r"(split|channel|squeeze|eca|cbam|gather|linearself|excite|gate)",
+                        re.IGNORECASE)
+
+
+def has_token_scores(type_name: str) -> bool:
+    """Whether an attention layer builds token x token score tensors (channel, split
+    and linear attention do not)."""
+    return category(type_name) == "attention" and not _NO_SCORES.search(type_name)
+
+
+def is_container_type(type_name: str) -> bool:
+    """Whether a type name is a container (for formats that list containers and children
+    without depth, such as torchsummary, whose rows must then not be counted twice)."""
+    if type_name.lower() in {"linear", "dense"}:
+        return False
+    return bool(_CONTAINERS.match(type_name)) and category(type_name) == "other"
+
+
+def category(type_name: str) -> str:
+    """The backward-memory category of a layer type name (``other`` if unknown)."""
+    for cat, rx in _RULES:
+        if rx.search(type_name):
+            return cat
+    return "other"
+
+
+def leaf_category(type_name: str, params: int) -> str:
+    """Category of a leaf row: an unknown type that owns parameters is a hidden block."""
+    cat = category(type_name)
+    if cat == "other" and (params > 0 and _CONTAINERS.match(type_name)):
+        return "block"
+    if cat == "other" and _CONTAINERS.match(type_name):
+        return "block"
+    return cat

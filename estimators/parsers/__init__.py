@@ -1,0 +1,69 @@
+"""Model summary parsers: detect the format, parse, return one :class:`ModelSummary`.
+
+One module per format. Detection is by each format's header, most specific first,
+so a torchinfo table (which also says "Layer (type") is never taken for torchsummary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from estimators.errors import EstimatorInputError, SummaryParseError
+from estimators.model import ModelSummary
+from estimators.parsers import json_format, keras, pytorch_print, torchinfo, torchsummary
+
+MAX_SUMMARY_BYTES = 4 * 1024 * 1024
+"""Largest summary accepted: a torchinfo table of a 1,000-layer model is ~150 kB; more
+than this is a wrong file (a log, a checkpoint) and must not be slurped on a login node."""
+
+FORMATS: dict[str, tuple[Callable[[str], bool], Callable[[str], ModelSummary]]] = {
+    "json": (json_format.looks_like, json_format.parse),
+    "torchinfo": (torchinfo.looks_like, torchinfo.parse),
+    "torchsummary": (torchsummary.looks_like, torchsummary.parse),
+    "keras": (keras.looks_like, keras.parse),
+    "pytorch-print": (pytorch_print.looks_like, pytorch_print.parse),
+}
+
+
+def parse_summary(text: str, fmt: str | None = None) -> ModelSummary:
+    """Parse summary text, detecting the format unless ``fmt`` names one."""
+    if len(text) > MAX_SUMMARY_BYTES:
+        raise EstimatorInputError(
+            f"summary is larger than {MAX_SUMMARY_BYTES // (1024 * 1024)} MiB; not a model summary"
+        )
+    if "\x00" in text:
+        raise SummaryParseError("summary contains NUL bytes: not a text summary")
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise EstimatorInputError(f"unknown summary format {fmt!r}; known: {', '.join(FORMATS)}")
+        return FORMATS[fmt][1](text)
+    for detect, parse in FORMATS.values():
+        if detect(text):
+            return parse(text)
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    raise SummaryParseError(
+        "not a recognised model summary (torchinfo, torchsummary, print(model), Keras or "
+        "colloc JSON)", line_no=1 if first else None, line=first or None,
+    )
+
+
+def read_summary_file(path: str | Path) -> ModelSummary:
+    """Read and parse a summary file, refusing oversized or unreadable files early."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = f.read(MAX_SUMMARY_BYTES + 1)
+    except OSError as e:
+        raise EstimatorInputError(f"{p}: cannot read summary: {e.strerror or e}") from None
+    if len(data) > MAX_SUMMARY_BYTES:
+        raise EstimatorInputError(
+            f"{p}: larger than {MAX_SUMMARY_BYTES // (1024 * 1024)} MiB; not a model summary")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SummaryParseError(f"{p}: not UTF-8 text") from None
+    try:
+        return parse_summary(text)
+    except SummaryParseError as e:
+        raise SummaryParseError(f"{p}: {e}") from None

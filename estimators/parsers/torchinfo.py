@@ -1,0 +1,125 @@
+"""Parser for ``torchinfo.summary(...)`` tables (torchinfo 1.5 - 1.8).
+
+The table is a tree: ``├─Conv2d: 1-1``, ``│    └─Bottleneck: 2-1``; depth comes from
+the ``d-i`` tag, so a row is a leaf when the next row is not deeper. Columns follow
+the header (``Output Shape``, ``Param #`` by default; ``Input Shape``, ``Kernel Shape``,
+``Mult-Adds``, ``Trainable`` optionally). torchinfo's "MB" is 10^6 bytes; its
+1.8 release prints ``Units.MEGABYTES`` instead of ``M`` on Python 3.11 (both read).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from estimators.errors import SummaryParseError
+from estimators.model import Layer, ModelSummary
+from estimators.parsers._common import (
+    footer_count,
+    parse_count,
+    parse_shapes,
+    per_sample,
+    split_brackets,
+)
+
+_HEADER = re.compile(r"^\s*Layer \(type(?: \(var_name\))?(?::depth-idx)?\)")
+_ROW = re.compile(
+    r"^(?P<tree>[\s│├└─|`+\\-]*)(?P<type>[A-Za-z_][\w.]*)(?:\s+\((?P<var>[^)]*)\))?"
+    r"(?::\s*(?P<depth>\d+)-(?P<idx>\d+))?(?P<rest>.*)$"
+)
+_COLUMNS = ("Input Shape", "Output Shape", "Kernel Shape", "Param #", "Param %",
+            "Mult-Adds", "Trainable")
+
+
+def looks_like(text: str) -> bool:
+    """torchinfo's header names the depth-idx column."""
+    return "(type:depth-idx)" in text or (
+        "Layer (type" in text and "====" in text and ("├─" in text or "└─" in text)
+    )
+
+
+def _columns(header: str) -> list[str]:
+    found = [(header.find(c), c) for c in _COLUMNS if c in header]
+    return [c for _, c in sorted(found)]
+
+
+def parse(text: str) -> ModelSummary:
+    """Parse a torchinfo summary table into a :class:`ModelSummary`."""
+    lines = text.splitlines()
+    head = next((i for i, line in enumerate(lines) if _HEADER.match(line)), None)
+    if head is None:
+        raise SummaryParseError("torchinfo: no 'Layer (type:depth-idx)' header line")
+    cols = _columns(lines[head])
+    if "Output Shape" not in cols and "Param #" not in cols:
+        raise SummaryParseError("torchinfo: header names neither 'Output Shape' nor 'Param #'",
+                                line_no=head + 1, line=lines[head])
+    rows: list[tuple[int, str, list[list[int | None]] | None, int, bool, int]] = []
+    body_started = False
+    for i in range(head + 1, len(lines)):
+        line = lines[i]
+        if set(line.strip()) <= {"=", "-"}:
+            if body_started:
+                break
+            continue
+        if not line.strip():
+            continue
+        body_started = True
+        m = _ROW.match(line)
+        if m is None:
+            raise SummaryParseError("torchinfo: unreadable layer row", line_no=i + 1, line=line)
+        depth = int(m.group("depth")) if m.group("depth") else 0
+        try:
+            toks = split_brackets(m.group("rest"))
+        except ValueError as e:
+            raise SummaryParseError(f"torchinfo: {e}", line_no=i + 1, line=line) from None
+        if len(toks) != len(cols):
+            raise SummaryParseError(
+                f"torchinfo: expected {len(cols)} columns ({', '.join(cols)}), found {len(toks)}",
+                line_no=i + 1, line=line,
+            )
+        vals = dict(zip(cols, toks, strict=True))
+        shapes = parse_shapes(vals["Output Shape"], i + 1, line) if "Output Shape" in vals else None
+        params = parse_count(vals.get("Param #", "--"), i + 1, line)
+        trainable = vals.get("Trainable", "True") != "False"
+        rows.append((depth, m.group("type"), shapes, params, trainable, i + 1))
+    if not rows:
+        raise SummaryParseError("torchinfo: table has no layer rows", line_no=head + 1)
+
+    firsts = [s[0][0] for _, _, s, _, _, _ in rows if s and s[0] and s[0][0] is not None]
+    batch = Counter(firsts).most_common(1)[0][0] if firsts else None
+    layers = []
+    for k, (depth, typ, shapes, params, trainable, _) in enumerate(rows):
+        nxt = rows[k + 1][0] if k + 1 < len(rows) else -1
+        leaf = nxt <= depth
+        if k == 0 and len(rows) > 1 and depth == 0:
+            leaf = False  # the model row itself
+        layers.append(Layer(type=typ, params=params, output_shape=per_sample(shapes, batch),
+                            depth=depth, leaf=leaf, trainable=trainable))
+    footer = lines[head:]
+    total = footer_count("Total params:", footer)
+    if total is None:
+        total = sum(layer.params for layer in layers)
+    trainable_total = footer_count("Trainable params:", footer)
+    meta = {}
+    for key, label in (("fwd_bwd_mb", "Forward/backward pass size"), ("input_mb", "Input size")):
+        mm = re.search(re.escape(label) + r" \((?:MB|Units\.MEGABYTES)\):\s*([\d.]+)", text)
+        if mm:
+            meta[key] = mm.group(1)
+    if batch is not None:
+        meta["summary_batch"] = str(batch)
+    return ModelSummary(
+        format="torchinfo",
+        layers=tuple(layers),
+        total_params=total,
+        trainable_params=trainable_total if trainable_total is not None else total,
+        seq_len=_seq_len(layers),
+        meta=meta,
+    )
+
+
+def _seq_len(layers: list[Layer]) -> int | None:
+    """Token models: the sequence length is the first dim of an Embedding's output."""
+    for layer in layers:
+        if "embedding" in layer.type.lower() and layer.output_shape and len(layer.output_shape) == 2:
+            return layer.output_shape[0]
+    return None
