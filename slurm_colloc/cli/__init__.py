@@ -14,6 +14,7 @@ import click
 
 # subcommand name -> "module:attribute" (a click.Command)
 SUBCOMMANDS: dict[str, str] = {
+    "admin": "slurm_colloc.cli.admin_cmd:admin",
     "config": "slurm_colloc.cli.config_cmd:config",
     "devcluster": "slurm_colloc.cli.devcluster_cmd:devcluster",
     "estimate": "slurm_colloc.cli.estimate_cmd:estimate",

@@ -185,9 +185,9 @@ def gres_conf_lines(
     for g in gpus:
         count = g.memory_total_mib // shard_mib
         total += count
+        lines.append(f"# GPU {g.index}: {g.name}, {g.memory_total_mib} MiB")
         lines.append(
             f"{prefix}Name=shard Count={count} File={device_pattern.format(index=g.index)}"
-            f"  # {g.name}, {g.memory_total_mib} MiB"
         )
     return "\n".join(lines) + "\n", f"Gres=gpu:{len(gpus)},shard:{total}"
 
