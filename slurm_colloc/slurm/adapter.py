@@ -25,7 +25,6 @@ SACCT_FIELDS = (
     "User",
     "State",
     "ExitCode",
-    "Restarts",
     "Submit",
     "Start",
     "End",

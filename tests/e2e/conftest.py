@@ -46,3 +46,44 @@ def workdir(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
     d.parent.chmod(0o755)
     d.chmod(0o1777)
     return d
+
+
+def sbatch(
+    cluster: Cluster, workdir: Path, script_body: str, *args: str, user: str | None = None
+) -> int:
+    """Submit a batch script (as ``user`` if given) with output in ``workdir``."""
+    import subprocess
+
+    script = workdir / f"job-{len(list(workdir.iterdir()))}.sh"
+    script.write_text("#!/bin/bash\n" + script_body + "\n")
+    script.chmod(0o755)
+    argv = ["sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/%j.out", *args,
+            str(script)]
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv]
+    cp = subprocess.run(argv, env=cluster.env(), capture_output=True, text=True, check=False)
+    assert cp.returncode == 0, f"sbatch failed: {cp.stderr}"
+    return int(cp.stdout.strip().split(";")[0])
+
+
+def node_state(cluster: Cluster) -> str:
+    import subprocess
+
+    cp = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%t", "-n", cluster.spec.node_name],
+        env=cluster.env(), capture_output=True, text=True, check=True,
+    )
+    return cp.stdout.strip()
+
+
+def ensure_user(cluster: Cluster, name: str) -> None:
+    """A Unix user with a Slurm association (for the multi-user tests)."""
+    import pwd
+    import subprocess
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", name],
+                       check=True)
+    cluster.add_user(name)

@@ -35,8 +35,8 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> tuple[ad.SlurmCli, FakeRun]:
         {
             "scontrol": (0, SHOW_JOB + "\n", ""),
             "sbatch": (0, "123;colloc\n", ""),
-            "sacct": (0, "42|train|alice|REQUEUED|0:0|0|a|b|c|d|e|f|g||\n"
-                         "42|train|alice|COMPLETED|0:0|1|a|b|c|d|e|f|g|cl1.x|\n", ""),
+            "sacct": (0, "42|train|alice|REQUEUED|0:0|a|b|c|d|e|f|g||\n"
+                         "42|train|alice|COMPLETED|0:0|a|b|c|d|e|f|g|cl1.x|\n", ""),
         }
     )
     monkeypatch.setattr(ad.subprocess, "run", fake)
