@@ -54,7 +54,7 @@ def parse_record(text: str | None) -> CollocRecord | None:
     except ValueError:
         return None
     mode = values.pop("mode", "")
-    if mode not in _MODES or not all(k in ints for k in _INTS[:4]):
+    if mode not in _MODES or not all(k in ints for k in _INTS[:3]):
         return None
     return CollocRecord(
         mode=cast(Mode, mode),

@@ -1,0 +1,176 @@
+"""job_submit.lua against a fake ``slurm`` table (lupa's LuaJIT is Lua 5.1-compatible)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+lupa = pytest.importorskip("lupa.lua51", reason="lupa (dev extra) runs the Lua filters")
+
+from slurm_colloc.site.install import SiteSettings, render_job_submit  # noqa: E402
+from slurm_colloc.site.record import parse_record  # noqa: E402
+
+NO_VAL = 4294967294
+SETTINGS = SiteSettings(shard_mib=1024, gpu_memory_mib=40960, trusted_uids=(0, 64030))
+
+
+class Harness:
+    def __init__(self, settings: SiteSettings = SETTINGS) -> None:
+        self.lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+        self.user_msgs: list[str] = []
+        self.info: list[str] = []
+        fake = self.lua.eval("{}")
+        fake.SUCCESS, fake.ERROR = 0, -1
+        fake.log_user = lambda msg: self.user_msgs.append(str(msg))
+        fake.log_info = self.lua.eval(
+            "function(sink) return function(fmt, ...) sink(string.format(fmt, ...)) end end"
+        )(lambda s: self.info.append(str(s)))
+        self.lua.globals().slurm = fake
+        self.lua.execute(render_job_submit(settings))
+
+    def submit(self, spank: dict[str, str] | None = None, uid: int = 1000, **fields: Any):
+        job = self.lua.eval("{}")
+        for k, v in fields.items():
+            job[k] = v
+        if job.min_nodes is None:
+            job.min_nodes = NO_VAL
+        if spank is not None:
+            env = self.lua.eval("{}")
+            for i, (k, v) in enumerate(spank.items()):
+                env[i] = f"_SLURM_SPANK_OPTION_colloc_{k}={v}"
+            job.spank_job_env = env
+        rc = self.lua.globals().slurm_job_submit(job, None, uid)
+        return rc, job
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_estimate_becomes_shards_and_record(h: Harness) -> None:
+    rc, job = h.submit({"colloc": "m.txt", "colloc_batch_size": "32"},
+                       comment="colloc-estimate:v1:mib=7000,margin=500,est=layer-aware,"
+                       "fp=ABCD12 mine")
+    assert rc == 0
+    assert job.tres_per_node == "gres:shard:8"
+    assert job.comment == "mine"
+    assert job.max_nodes == 1
+    rec = parse_record(job.admin_comment)
+    assert rec is not None and rec.mode == "estimate"
+    assert (rec.need_mib, rec.shards, rec.alloc_mib) == (7500, 8, 8192)
+    assert (rec.estimator, rec.est_mib, rec.margin_mib, rec.fingerprint) == (
+        "layer-aware", 7000, 500, "abcd12")
+    assert set(job.admin_comment) <= set("abcdefghijklmnopqrstuvwxyz0123456789._=,:-")
+
+
+@pytest.mark.parametrize("size,shards", [("8G", 8), ("7500M", 8), ("1024", 1), ("1", 1),
+                                         ("1.5GiB", 2), ("40G", 40), ("512K", 1)])
+def test_explicit_sizes(h: Harness, size: str, shards: int) -> None:
+    rc, job = h.submit({"colloc_mem": size})
+    assert rc == 0, h.user_msgs
+    assert job.tres_per_node == f"gres:shard:{shards}"
+    assert parse_record(job.admin_comment).mode == "explicit"  # type: ignore[union-attr]
+
+
+def test_no_estimate_gets_whole_gpu_and_says_so(h: Harness) -> None:
+    rc, job = h.submit({"colloc": "m.txt", "colloc_batch_size": "8"})
+    assert rc == 0
+    assert job.tres_per_node == "gres:shard:40"
+    rec = parse_record(job.admin_comment)
+    assert rec is not None and rec.mode == "default" and rec.why == "no-estimate"
+    assert any("whole GPU" in m and "bypassed" in m for m in h.user_msgs)
+
+
+def test_bare_colloc_null_value(h: Harness) -> None:
+    rc, job = h.submit({"colloc": "(null)"})
+    assert rc == 0 and job.tres_per_node == "gres:shard:40"
+    assert parse_record(job.admin_comment).why == "no-size"  # type: ignore[union-attr]
+
+
+def test_site_default_size() -> None:
+    h = Harness(SiteSettings(shard_mib=1024, gpu_memory_mib=40960, default_colloc_mib=10000))
+    rc, job = h.submit({"colloc": "(null)"})
+    assert rc == 0 and job.tres_per_node == "gres:shard:10"
+
+
+def test_keeps_other_gres(h: Harness) -> None:
+    rc, job = h.submit({"colloc_mem": "2G"}, tres_per_node="gres:nvme:1")
+    assert rc == 0 and job.tres_per_node == "gres:nvme:1,gres:shard:2"
+
+
+@pytest.mark.parametrize("fields,spank,needle", [
+    ({"tres_per_node": "gres:gpu:1"}, {"colloc_mem": "2G"}, "--gres=gpu"),
+    ({"tres_per_job": "gres:gpu:2"}, {"colloc": "(null)"}, "--gres=gpu"),
+    ({"tres_per_task": "gres:gpu:1"}, {"colloc": "(null)"}, "--gres=gpu"),
+    ({"tres_per_node": "gres:shard:4"}, {"colloc": "(null)"}, "--colloc-mem"),
+    ({"min_nodes": 2}, {"colloc": "(null)"}, "one node"),
+    ({}, {"colloc_mem": "41G"}, "one GPU offers at most 40960 MiB"),
+    ({}, {"colloc_mem": "8X"}, "expected a size"),
+    ({}, {"colloc_mem": "-3"}, "expected a size"),
+    ({"comment": "colloc-estimate:v1:mib=40000,margin=2000,est=x,fp=00"},
+     {"colloc": "m", "colloc_batch_size": "1"}, "needs 42000 MiB"),
+    ({"comment": "colloc-estimate:v1:mib=abc,margin=0,est=x,fp=00"}, {"colloc": "m"},
+     "malformed"),
+    ({"comment": "colloc-estimate:v1:mib=10,margin=0,est=BAD NAME,fp=00"}, {"colloc": "m"},
+     "malformed"),
+    ({"comment": "colloc-estimate:v1:mib=10,margin=0,est=x,fp=xyz"}, {"colloc": "m"},
+     "fingerprint"),
+    ({"comment": "colloc-estimate:v9:mib=10"}, {"colloc": "m"}, "version"),
+    ({"comment": "colloc-estimate:v1:mib=0,margin=0,est=x,fp=00"}, {"colloc": "m"},
+     "positive"),
+])
+def test_rejections(h: Harness, fields: dict[str, Any], spank: dict[str, str],
+                    needle: str) -> None:
+    rc, _job = h.submit(spank, **fields)
+    assert rc not in (0, None)
+    assert any(needle in m for m in h.user_msgs), h.user_msgs
+    assert all(m.startswith("colloc: ") for m in h.user_msgs)
+
+
+def test_plain_shard_job_is_recorded(h: Harness) -> None:
+    rc, job = h.submit(None, tres_per_node="gres:shard:5")
+    assert rc == 0 and job.tres_per_node == "gres:shard:5"
+    rec = parse_record(job.admin_comment)
+    assert rec is not None and rec.mode == "shards" and rec.alloc_mib == 5120
+
+
+def test_plain_shard_job_larger_than_gpu_refused(h: Harness) -> None:
+    rc, _ = h.submit(None, tres_per_node="gres:shard:41")
+    assert rc != 0 and "does not fit one GPU" in h.user_msgs[0]
+
+
+def test_ordinary_job_untouched(h: Harness) -> None:
+    rc, job = h.submit(None, tres_per_node="gres:gpu:2", comment="hello")
+    assert rc == 0 and job.tres_per_node == "gres:gpu:2" and job.admin_comment is None
+    assert job.comment == "hello"
+
+
+def test_other_spank_plugins_ignored(h: Harness) -> None:
+    env = h.lua.eval("{[0] = '_SLURM_SPANK_OPTION_pyxis_image=x', [1] = 'SPANK_FOO=1'}")
+    rc, job = h.submit(None, spank_job_env=env)
+    assert rc == 0 and job.admin_comment is None and job.tres_per_node is None
+
+
+def _modify(h: Harness, uid: int, admin_comment: str | None, **fields: Any) -> int:
+    desc, rec = h.lua.eval("{}"), h.lua.eval("{}")
+    rec.admin_comment, rec.job_id = admin_comment, 42
+    for k, v in fields.items():
+        desc[k] = v
+    return int(h.lua.globals().slurm_job_modify(desc, rec, None, uid))
+
+
+def test_modify_guards_colloc_jobs(h: Harness) -> None:
+    ac = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=2048"
+    assert _modify(h, 1000, ac, tres_per_node="gres:shard:40") != 0
+    assert "fixed at submission" in h.user_msgs[-1]
+    assert _modify(h, 1000, ac, time_limit=10) == 0
+    assert _modify(h, 0, ac, tres_per_node="gres:shard:40") == 0  # the epilog's requeue
+    assert _modify(h, 64030, ac, tres_per_node="gres:shard:40") == 0  # SlurmUser
+    assert _modify(h, 1000, None, tres_per_node="gres:gpu:1") == 0
+
+
+def test_log_lines_have_prefix(h: Harness) -> None:
+    h.submit({"colloc_mem": "2G"})
+    assert any(s.startswith("colloc: job_submit: uid 1000: colloc1:") for s in h.info)
