@@ -1,7 +1,9 @@
 # The two commands a new user runs (as root on a fresh Debian 12 machine):
 #   make demo   venv + local Slurm cluster with simulated GPUs + a short demo
 #   make test   lint, type check, unit and end-to-end tests
-PY ?= python3
+# Debian's Python, not a per-user one (pyenv under /root): jobs, TaskProlog and the
+# simulated jobs run as other users and must be able to execute the venv's python.
+PY ?= /usr/bin/python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
@@ -11,6 +13,8 @@ STAMP := $(VENV)/.installed-stamp
 all: test
 
 $(STAMP): setup.cfg pyproject.toml
+	@$(PY) -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv python3-dev; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)

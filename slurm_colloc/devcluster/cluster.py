@@ -224,7 +224,7 @@ class Cluster:
         for sub in ("evidence", "metrics"):
             (L.colloc_var / sub).mkdir(exist_ok=True)
         # munge: its dirs must belong to munge and not be writable by others
-        L.munge.mkdir(mode=0o700, exist_ok=True)
+        L.munge.mkdir(mode=0o755, exist_ok=True)  # users reach the socket; key stays 0400
         key = L.munge / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))

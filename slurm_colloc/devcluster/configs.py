@@ -43,7 +43,10 @@ def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None 
         f"SlurmdPort={spec.slurmd_port}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo={munge}",
+        # cred_expire is also the delay before a requeued job may start again (and
+        # the Prolog only reruns for a job id once its credential left slurmd's
+        # cache): 10 s instead of 120 s keeps OOM recovery quick on the devcluster
+        f"AuthInfo={munge},cred_expire=10",
         f"StateSaveLocation={layout.slurm_state}",
         f"SlurmdSpoolDir={layout.spool}/%n",
         f"SlurmctldPidFile={layout.run}/slurmctld.pid",

@@ -4,9 +4,8 @@ Order matters: the MPS registration is released first (whatever else fails, the
 GPU must not keep a daemon for a job that is gone). Then, for a job that failed,
 its logs are scanned; a GPU OOM of a collocated job is answered with a requeue on a
 GPU of its own. The requeue happens right here: ``scontrol requeuehold`` works while
-the job is COMPLETING (checked on 22.05), then the shard request is raised, the
-record written to AdminComment (allowed while the job is pending), and the job is
-released with ``StartTime=now`` to skip the requeue BeginTime delay.
+the job is COMPLETING (checked on 22.05), then the shard request is raised and the
+job released; it starts again after Slurm's credential-lifetime delay.
 """
 
 from __future__ import annotations
@@ -151,23 +150,17 @@ def run(
 
 
 def requeue(ctx: JobContext, adapter: SlurmAdapter, new_shards: int) -> None:
-    """Hold-requeue, raise the shard request, hand the release to the agent.
+    """Hold-requeue, raise the shard request, release.
 
     Holding first closes the race in which the scheduler starts the job again with
-    the old request before the update lands. The release waits for the job to leave
-    COMPLETING (see :mod:`slurm_colloc.node.release_agent`).
+    the old request before the update lands. Slurm then delays the new start by the
+    credential lifetime (AuthInfo cred_expire, 120 s by default): that delay is what
+    makes slurmd run the Prolog again for the same job id on the same node, so it is
+    not bypassed (the devcluster shortens cred_expire instead; docs/node.md).
     """
-    import os
-
-    from slurm_colloc.node import release_agent
-    from slurm_colloc.node.prolog import main_env
-
     adapter.requeue(ctx.job_id, hold=True)
     try:
         if new_shards != ctx.shards or not ctx.is_shared:
             adapter.update_job(ctx.job_id, TresPerNode=f"gres:shard:{new_shards}")
     finally:
-        try:
-            release_agent.spawn(ctx.job_id, main_env(os.environ))
-        except OSError:
-            adapter.release(ctx.job_id)
+        adapter.release(ctx.job_id)

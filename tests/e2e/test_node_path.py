@@ -1,0 +1,158 @@
+"""Node path on the devcluster: MPS limits, GPU-OOM requeue, evidence, failure safety."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_colloc import config as cfgmod
+from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.slurm.adapter import SlurmCli, wait_for_jobs
+from tests.e2e.conftest import ensure_user, node_state, sbatch
+
+pytestmark = pytest.mark.devcluster
+
+SHOW_ENV = 'echo "LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT PIPE=$CUDA_MPS_PIPE_DIRECTORY GPU=$CUDA_VISIBLE_DEVICES"'
+
+
+def _cfg(cluster: Cluster) -> cfgmod.CollocConfig:
+    return cfgmod.load(cluster.layout.colloc_conf)
+
+
+def _gres_idx(slurm: SlurmCli, job: int) -> str:
+    info = slurm.show_job(job) or {}
+    return str(info.get("GRES", ""))
+
+
+def _wait_final(slurm: SlurmCli, job: int, timeout: float = 120) -> str:
+    """Wait through requeues: terminal state with no pending restart."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = wait_for_jobs(slurm, [job], timeout=timeout)[str(job)]
+        time.sleep(1.5)  # an epilog may requeue right after the state turns final
+        info = slurm.show_job(job) or {}
+        if info.get("JobState") == state:
+            return state
+    raise TimeoutError(f"job {job} did not settle")
+
+
+def test_collocated_jobs_share_one_gpu_within_their_limits(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    jobs = [
+        sbatch(cluster, workdir, f"{SHOW_ENV}\ncolloc-simjob --mem {mem}G --seconds 4",
+               f"--gres=shard:{shards}")
+        for mem, shards in ((6, 8), (10, 12), (3, 4))
+    ]
+    time.sleep(2)
+    gres = [_gres_idx(slurm, j) for j in jobs]
+    states = wait_for_jobs(slurm, jobs, timeout=90)
+    assert set(states.values()) == {"COMPLETED"}, states
+    assert len({g.split("IDX:")[-1] for g in gres}) == 1, gres  # one GPU, shared
+    outs = [(workdir / f"{j}.out").read_text() for j in jobs]
+    assert "LIMIT=0=8192M" in outs[0] and "LIMIT=0=12288M" in outs[1]
+    assert all("co-tenants 2" in o for o in outs), "the three jobs ran side by side"
+    tenancy = Tenancy(Path(_cfg(cluster).mps_root))
+    assert tenancy.all_jobs() == {}, "every epilog released its MPS registration"
+
+
+def test_oom_over_limit_is_requeued_on_a_whole_gpu_and_completes(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    job = sbatch(cluster, workdir,
+                 f"{SHOW_ENV}\necho attempt=${{SLURM_RESTART_COUNT:-0}}\n"
+                 "colloc-simjob --mem 3G --peak 9G --peak-at 0.3 --seconds 2",
+                 "--gres=shard:6")
+    assert _wait_final(slurm, job) == "COMPLETED"
+    info = slurm.show_job(job) or {}
+    assert info["Restarts"] == "1"
+    assert "gres:shard:40" in info["TresPerNode"]
+    final = (workdir / f"{job}.out").read_text()
+    assert "attempt=1" in final and "LIMIT=0=40960M" in final
+    evidence = Path(_cfg(cluster).evidence_dir) / str(job) / "attempt0"
+    kept = "".join(p.read_text() for p in evidence.iterdir())
+    assert "torch.OutOfMemoryError: CUDA out of memory" in kept  # first attempt survives
+    assert "attempt=0" in kept
+    recs = slurm.accounting([job])
+    assert [r.state for r in recs][:1] == ["REQUEUED"]
+
+
+def test_oom_on_a_whole_gpu_is_not_requeued(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    job = sbatch(cluster, workdir, "colloc-simjob --mem 2G --peak 50G --seconds 1", "--gres=gpu:1")
+    assert _wait_final(slurm, job) == "FAILED"
+    assert (slurm.show_job(job) or {})["Restarts"] == "0"
+    log = (cluster.layout.log / "colloc.log").read_text()
+    assert f"job {job}: cause=gpu-oom" in log and "not requeued" in log
+
+
+def test_host_oom_is_not_mistaken_for_gpu_oom(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    body = ("echo 'RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed.'\n"
+            "echo 'slurmstepd: error: Detected 1 oom_kill event in StepId=1.batch.' >&2\nexit 1")
+    job = sbatch(cluster, workdir, body, "--gres=shard:4")
+    assert _wait_final(slurm, job) == "FAILED"
+    assert (slurm.show_job(job) or {})["Restarts"] == "0"
+    assert not (Path(_cfg(cluster).evidence_dir) / str(job) / "attempt0" / "x").exists()
+    log = (cluster.layout.log / "colloc.log").read_text()
+    assert f"job {job}: cause=host-oom" in log
+
+
+@pytest.mark.parametrize("script", ["prolog", "task_prolog", "epilog"])
+def test_internal_error_never_drains_the_node(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path, script: str
+) -> None:
+    conf = cluster.layout.colloc_conf
+    original = conf.read_text()
+    conf.write_text(original + f'\n[extra]\ntest_fault_inject = "{script}"\n')
+    try:
+        job = sbatch(cluster, workdir, "colloc-simjob --mem 1G --seconds 1", "--gres=shard:2")
+        assert _wait_final(slurm, job) == "COMPLETED"
+    finally:
+        conf.write_text(original)
+    assert node_state(cluster) in ("idle", "mix"), node_state(cluster)
+    if script != "task_prolog":
+        log = (cluster.layout.log / "colloc.log").read_text()
+        assert f"job {job}: internal error" in log
+
+
+def test_two_users_on_one_gpu_never_stall_each_other(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    for u in ("colloc-u1", "colloc-u2"):
+        ensure_user(cluster, u)
+    jobs = [
+        sbatch(cluster, workdir, "colloc-simjob --mem 4G --seconds 5", "--gres=shard:6", user=u)
+        for u in ("colloc-u1", "colloc-u2")
+    ]
+    time.sleep(3)
+    gres = [_gres_idx(slurm, j) for j in jobs]
+    t0 = time.monotonic()
+    states = wait_for_jobs(slurm, jobs, timeout=60)
+    outs = [(workdir / f"{j}.out").read_text() for j in jobs]
+    assert set(states.values()) == {"COMPLETED"}, (states, outs)
+    assert len({g.split("IDX:")[-1] for g in gres}) == 1, gres
+    assert time.monotonic() - t0 < 20, "neither job waited for the other user's MPS server"
+    assert all("co-tenants 1" in o for o in outs), "both ran on the GPU at the same time"
+
+
+def test_twenty_jobs_ending_together_are_all_handled(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    jobs = [sbatch(cluster, workdir, "colloc-simjob --mem 1G --seconds 3", "--gres=shard:2")
+            for _ in range(20)]
+    states = wait_for_jobs(slurm, jobs, timeout=180)
+    assert list(states.values()).count("COMPLETED") == 20, states
+    time.sleep(2)
+    tenancy = Tenancy(Path(_cfg(cluster).mps_root))
+    assert tenancy.all_jobs() == {}
+    for gpu in range(cluster.spec.gpus):
+        for uid in tenancy.users_on(gpu):
+            pid_file = tenancy.pipe_dir(gpu, uid) / "nvidia-cuda-mps-control.pid"
+            assert not pid_file.exists(), f"MPS daemon left running on GPU {gpu}"
+    assert node_state(cluster) in ("idle", "mix")
