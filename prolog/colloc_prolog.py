@@ -19,7 +19,9 @@ def main() -> int:
 
         return prolog_main(dict(os.environ))
     except BaseException as e:  # noqa: BLE001 - last line of defence: never drain the node
-        sys.stderr.write(f"colloc: prolog: job {job}: internal error, job runs without MPS: {e!r}\n")
+        sys.stderr.write(
+            f"colloc: prolog: job {job}: internal error, job runs without MPS: {e!r}\n"
+        )
         return 0
 
 

@@ -16,6 +16,7 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "admin": "slurm_colloc.cli.admin_cmd:admin",
     "config": "slurm_colloc.cli.config_cmd:config",
+    "demo": "slurm_colloc.cli.demo_cmd:demo",
     "devcluster": "slurm_colloc.cli.devcluster_cmd:devcluster",
     "estimate": "slurm_colloc.cli.estimate_cmd:estimate",
 }
@@ -43,9 +44,9 @@ def main() -> None:
     """slurm-colloc: safe GPU sharing for Slurm (estimate, devcluster, report, admin)."""
 
 
-def report_main(*args: Any, **kwargs: Any) -> Any:
+def report_main() -> Any:
     """Entry point of ``colloc-report`` (same as ``colloc report``)."""
     cmd = main.get_command(click.Context(main), "report")
     if cmd is None:
         raise SystemExit("colloc-report: the report command is not installed yet")
-    return cmd.main(*args, prog_name="colloc-report", **kwargs)
+    return cmd.main(prog_name="colloc-report")

@@ -309,7 +309,8 @@ class Cluster:
             "FLUSH PRIVILEGES;\n"
         )
         self._run(
-            ["/usr/bin/mariadb", "--no-defaults", "-S", str(self.layout.mysql_socket), "-u", "root"],
+            ["/usr/bin/mariadb", "--no-defaults", "-S", str(self.layout.mysql_socket),
+             "-u", "root"],
             "creating the slurm database user",
             input_text=sql,
         )

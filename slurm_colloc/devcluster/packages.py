@@ -53,12 +53,14 @@ def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
     if not os.path.exists(policy):
         with open(policy, "w") as f:
             f.write("#!/bin/sh\nexit 101\n")
-        os.chmod(policy, 0o755)
+        os.chmod(policy, 0o755)  # noqa: S103 - policy-rc.d must be executable
         created_policy = True
     try:
         for attempt in ("install", "update-then-install"):
             if attempt == "update-then-install":
-                subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+                subprocess.run(
+                    ["apt-get", "update", "-q"], env=env, capture_output=True, check=False
+                )
             cp = subprocess.run(
                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
                 env=env, capture_output=True, text=True, check=False,

@@ -89,7 +89,9 @@ class MpsDaemon:
             if self.running():
                 return
             time.sleep(0.02)
-        raise MpsControlError(f"MPS control daemon for GPU {self.gpu} did not come up in {timeout}s")
+        raise MpsControlError(
+            f"MPS control daemon for GPU {self.gpu} did not come up in {timeout}s"
+        )
 
     def command(self, *lines: str, timeout: float = 10) -> str:
         """Send commands on stdin (one per line); return what the daemon printed."""

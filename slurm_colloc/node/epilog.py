@@ -97,10 +97,10 @@ def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:
 
 def estimate_of(ctx: JobContext) -> int | None:
     """The submit-time estimate in MiB, if job_submit recorded one."""
-    from slurm_colloc.node.submit_meta import parse
+    from slurm_colloc.site.record import parse_record
 
-    value = parse(ctx.admin_comment).get("estimate_mib")
-    return value if isinstance(value, int) and value > 0 else None
+    rec = parse_record(ctx.admin_comment)
+    return rec.est_mib or rec.need_mib if rec else None
 
 
 def run(

@@ -14,7 +14,7 @@ from pathlib import Path
 class JobAdapter(logging.LoggerAdapter[logging.Logger]):
     """Prefixes every message with the component and the job id."""
 
-    def process(self, msg: str, kwargs):  # type: ignore[no-untyped-def, override]
+    def process(self, msg: str, kwargs):  # type: ignore[no-untyped-def]
         extra = self.extra or {}
         return f"{extra.get('component')}: job {extra.get('job_id')}: {msg}", kwargs
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from slurm_colloc.config import CollocConfig
 
 STEP_MIN_MIB = 5 * 1024
+MPS_FAULT_REASON = "MPS server fault caused by a co-tenant: same request"
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,14 @@ def decide(
         )
     if shards <= 0 or shards >= shards_per_gpu:
         if cause == "mps-fault":
-            return RequeueDecision(True, shards, "MPS server fault caused by a co-tenant: same request")
+            return RequeueDecision(True, shards, MPS_FAULT_REASON)
         return RequeueDecision(
             False, shards,
             "out of GPU memory on a whole GPU: the job needs more memory than one GPU "
             "has (smaller batch, mixed precision or a bigger GPU); not requeued",
         )
     if cause == "mps-fault":
-        return RequeueDecision(True, shards, "MPS server fault caused by a co-tenant: same request")
+        return RequeueDecision(True, shards, MPS_FAULT_REASON)
     if cfg.step_up_policy == "step" and shards < shards_per_gpu:
         base = estimate_mib if estimate_mib else shards * cfg.shard_mib
         want = base + max(STEP_MIN_MIB, base // 2)

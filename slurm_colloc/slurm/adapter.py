@@ -212,7 +212,8 @@ class SlurmCli(SlurmAdapter):
         return out
 
     def update_job(self, job_id: int | str, **settings: str) -> None:
-        self.run("scontrol", "update", f"jobid={job_id}", *(f"{k}={v}" for k, v in settings.items()))
+        pairs = (f"{k}={v}" for k, v in settings.items())
+        self.run("scontrol", "update", f"jobid={job_id}", *pairs)
 
     def requeue(self, job_id: int | str, *, hold: bool = False) -> None:
         self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
@@ -257,7 +258,7 @@ def job_state(adapter: SlurmAdapter, job_id: int | str) -> str:
     """
     info = adapter.show_job(job_id)
     if info is not None:
-        return info.get("JobState", "UNKNOWN")
+        return str(info.get("JobState", "UNKNOWN"))
     recs = adapter.accounting([job_id])
     return recs[-1].state.split()[0] if recs else "UNKNOWN"
 

@@ -77,7 +77,7 @@ def test_port_in_use_is_named_and_nothing_is_left_running() -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 46819))
         s.listen()
-        with pytest.raises(DaemonError, match="slurmdbd: port 46819 on 127.0.0.1 is already in use"):
+        with pytest.raises(DaemonError, match=r"slurmdbd: port 46819 on 127\.0\.0\.1 is already in use"):
             other.up(install=False)
     assert all(pid is None for pid in other.status().values())
 
