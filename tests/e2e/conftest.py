@@ -18,7 +18,9 @@ from slurm_colloc.devcluster.layout import Layout, Spec
 from slurm_colloc.slurm.adapter import SlurmCli
 
 TEST_ROOT = Path(os.environ.get("COLLOC_TEST_ROOT", "/var/lib/colloc-devcluster-test"))
-TEST_SPEC = Spec(ctld_port=26817, slurmd_port=26818, dbd_port=26819, mysql_port=23306)
+_BASE = int(os.environ.get("COLLOC_TEST_PORT_BASE", "26810"))
+TEST_SPEC = Spec(ctld_port=_BASE + 7, slurmd_port=_BASE + 8, dbd_port=_BASE + 9,
+                 mysql_port=_BASE - 3500)
 LOG_KEEP = Path(__file__).resolve().parents[2] / ".pytest_cache" / "devcluster-logs"
 
 
