@@ -218,7 +218,7 @@ def _scan_fd(
     tail_start = max(0, size - tail_bytes)
     complete = tail_start == 0
     found: dict[str, tuple[OomPattern, int, int]] = {}  # cause -> (pattern, start, end)
-    seen_lines: set[int] = set()
+    floor = size + 1  # lowest file offset already examined (hits are processed descending)
     candidates = 0
     lines_left = max_lines_per_file
     b = size
@@ -258,12 +258,12 @@ def _scan_fd(
                 p = buf.find(needle, p + 1, limit)
         hits.sort(reverse=True)
         for p, _needle in hits:
+            if buf_start + p >= floor:
+                continue  # inside a line (or line window) already examined
             ls = buf.rfind(b"\n", max(0, p - max_line_bytes), p) + 1
             if ls == 0:
                 ls = max(0, p - max_line_bytes)
-            if buf_start + ls in seen_lines:
-                continue
-            seen_lines.add(buf_start + ls)
+            floor = buf_start + ls
             le = buf.find(b"\n", p, p + max_line_bytes)
             if le < 0:
                 le = min(len(buf), p + max_line_bytes)

@@ -91,17 +91,16 @@ def _walk_dir(path: str, hops: list[int]) -> int:
     if not path.startswith("/"):
         raise RefusedPath(f"{path!r}: not an absolute path")
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for name in [c for c in path.split("/") if c not in ("", ".")]:
-            fd = _step(fd, name, hops)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    for name in [c for c in path.split("/") if c not in ("", ".")]:
+        fd = _step(fd, name, hops)  # consumes fd, also when it raises
+    return fd
 
 
 def _step(dir_fd: int, name: str, hops: list[int]) -> int:
-    """One component: return an fd of ``name`` inside ``dir_fd`` (closing ``dir_fd``)."""
+    """One component: return an fd of ``name`` inside ``dir_fd``.
+
+    Always closes ``dir_fd``, whether it returns or raises.
+    """
     try:
         if name == "..":
             # O_NOFOLLOW does not apply to "..", and ".." of a directory we already hold
@@ -118,12 +117,8 @@ def _step(dir_fd: int, name: str, hops: list[int]) -> int:
             if target.startswith("/"):
                 return _walk_dir(target, hops)
             base = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                for comp in [c for c in target.split("/") if c not in ("", ".")]:
-                    base = _step(base, comp, hops)
-            except BaseException:
-                os.close(base)
-                raise
+            for comp in [c for c in target.split("/") if c not in ("", ".")]:
+                base = _step(base, comp, hops)  # consumes base, also when it raises
             return base
         if not stat.S_ISDIR(st.st_mode):
             raise RefusedPath(f"{name!r} is not a directory")
