@@ -37,6 +37,8 @@ class EpilogResult:
     evidence_files: list[str] = field(default_factory=list)
     decision: requeue_policy.RequeueDecision | None = None
     requeued: bool = False
+    shards_per_gpu: int | None = None
+    record_spooled: str | None = None
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -53,17 +55,6 @@ class EpilogResult:
         if self.errors:
             parts.append(f"errors: {'; '.join(self.errors)}")
         return " ".join(parts)
-
-    def record(self) -> dict[str, Any]:
-        """The attempt's facts for the accounting record."""
-        return {
-            "cause": self.cause,
-            "pattern": self.pattern,
-            "evidence": self.evidence_files[0] if self.evidence_files else None,
-            "requeued": self.requeued,
-            "new_shards": self.decision.new_shards if self.decision and self.requeued else None,
-            "reason": self.decision.reason if self.decision else None,
-        }
 
 
 def release_mps(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> None:
@@ -103,26 +94,59 @@ def estimate_of(ctx: JobContext) -> int | None:
     return rec.est_mib or rec.need_mib if rec else None
 
 
+def _metrics(ctx: JobContext, cfg: CollocConfig) -> tuple[Any, tuple[str, ...]]:
+    """The sidecar's summary of this attempt and its co-tenants, if a sidecar ran."""
+    try:
+        from slurm_colloc.metrics.summary import job_summary
+    except ImportError:
+        return None, ()
+    summary, tenants = job_summary(cfg, ctx.job_id, ctx.restarts)
+    return summary, tuple(tenants)
+
+
 def run(
     ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter, log: logging.LoggerAdapter[Any]
 ) -> EpilogResult:
     """Do the epilog's work for one job (see module docstring)."""
-    from slurm_colloc.oom.detector import scan_files
-
     result = EpilogResult(ctx.job_id)
     try:
         release_mps(ctx, cfg, result)
     except Exception as e:  # noqa: BLE001 - keep going: OOM handling is independent
         result.errors.append(f"MPS release failed: {e}")
-    if ctx.exit_code in ("", "0:0") or not (ctx.stdout or ctx.stderr):
+    if not ctx.gpus:
         return result
+    _scan_and_decide(ctx, cfg, result)
+    try:
+        metrics, co_tenants = _metrics(ctx, cfg)
+    except Exception as e:  # noqa: BLE001 - metrics are optional for the record
+        result.errors.append(f"metrics summary failed: {e}")
+        metrics, co_tenants = None, ()
+    text = _record_text(ctx, cfg, result, metrics, co_tenants)
+    if result.decision is not None and result.decision.requeue:
+        try:
+            requeue(ctx, adapter, result.decision.new_shards, admin_comment=text)
+            result.requeued = True
+        except SlurmError as e:
+            result.errors.append(f"requeue failed: {e}")
+            log.error("requeue failed: %s", e)
+    if not result.requeued and text is not None:
+        _spool_record(ctx, cfg, text, result)
+    return result
+
+
+def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> None:
+    """Look for GPU OOM in a failed job's logs; keep evidence; decide the requeue."""
+    from slurm_colloc.oom.detector import scan_files
+
+    if ctx.exit_code in ("", "0:0") or not (ctx.stdout or ctx.stderr):
+        return
     logs = [p for p in (ctx.stdout, ctx.stderr) if p]
-    scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20)
+    scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20, uid=ctx.uid)
     result.cause = scan.cause
     result.pattern = scan.pattern_id
     result.evidence_line = scan.evidence.line if scan.evidence else None
     if scan.cause == "none":
-        return result
+        return
     try:
         pw = pwd.getpwuid(ctx.uid)
         result.evidence_files = evidence.keep(
@@ -131,25 +155,58 @@ def run(
         )
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the requeue is not
         result.errors.append(f"evidence not kept: {e}")
-    if not ctx.gpus:
-        return result
     spg = shards_per_gpu(cfg, ctx.gpu)
+    result.shards_per_gpu = spg
     shards = ctx.shards if ctx.is_shared else spg
     result.decision = requeue_policy.decide(
         cause=scan.cause, shards=shards, shards_per_gpu=spg, restarts=ctx.restarts,
         estimate_mib=estimate_of(ctx), cfg=cfg,
     )
-    if result.decision.requeue:
-        try:
-            requeue(ctx, adapter, result.decision.new_shards)
-            result.requeued = True
-        except SlurmError as e:
-            result.errors.append(f"requeue failed: {e}")
-            log.error("requeue failed: %s", e)
-    return result
 
 
-def requeue(ctx: JobContext, adapter: SlurmAdapter, new_shards: int) -> None:
+def _record_text(
+    ctx: JobContext, cfg: CollocConfig, result: EpilogResult, metrics: Any,
+    co_tenants: tuple[str, ...],
+) -> str | None:
+    """This attempt appended to the job's AdminComment (None for non-colloc jobs)."""
+    from slurm_colloc.accounting.codec import append_attempt
+    from slurm_colloc.node.attempt_record import build_attempt
+    from slurm_colloc.site.record import parse_record
+
+    if parse_record(ctx.admin_comment) is None and not ctx.is_shared and result.cause == "none":
+        return None
+    d = result.decision
+    attempt = build_attempt(
+        ctx, cfg, cause=result.cause, pattern=result.pattern,
+        evidence_path=result.evidence_files[0] if result.evidence_files else None,
+        requeued=bool(d and d.requeue), reason=d.reason if d else None,
+        new_shards=d.new_shards if d else None, shards_per_gpu=result.shards_per_gpu,
+        metrics=metrics, co_tenants=co_tenants,
+    )
+    return append_attempt(ctx.admin_comment, attempt, max_bytes=cfg.admin_comment_max_bytes)
+
+
+def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogResult) -> None:
+    """Leave the record for the detached writer (the job is still COMPLETING)."""
+    import os
+
+    from slurm_colloc.mps.tenancy import ensure_root_dir
+    from slurm_colloc.node import record_writer
+    from slurm_colloc.node.prolog import main_env
+
+    try:
+        spool = ensure_root_dir(Path(cfg.evidence_dir).parent / "spool", 0o700)
+        path = record_writer.spool_path(str(spool), ctx.job_id)
+        path.write_text(text)
+        record_writer.spawn(ctx.job_id, path, main_env(os.environ))
+        result.record_spooled = str(path)
+    except Exception as e:  # noqa: BLE001 - the record is for the report; never fatal
+        result.errors.append(f"accounting record not written: {e}")
+
+
+def requeue(
+    ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None
+) -> None:
     """Hold-requeue, raise the shard request, release.
 
     Holding first closes the race in which the scheduler starts the job again with
@@ -162,5 +219,8 @@ def requeue(ctx: JobContext, adapter: SlurmAdapter, new_shards: int) -> None:
     try:
         if new_shards != ctx.shards or not ctx.is_shared:
             adapter.update_job(ctx.job_id, TresPerNode=f"gres:shard:{new_shards}")
+        if admin_comment:
+            # allowed now: the job is pending again, not finished
+            adapter.update_job(ctx.job_id, AdminComment=admin_comment)
     finally:
         adapter.release(ctx.job_id)

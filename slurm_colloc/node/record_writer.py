@@ -1,0 +1,102 @@
+"""Write a finished job's accounting record once Slurm lets us.
+
+Why a detached helper: from inside the Epilog the job is still COMPLETING, when
+``scontrol update AdminComment`` is refused ("Job has already finished"), and
+``sacctmgr modify job`` only sticks once the controller has sent the job's final
+record to slurmdbd (slurm-facts.md). So the epilog leaves the encoded text in a
+root-owned spool file and starts this helper, which waits for the job to leave
+COMPLETING, writes with sacctmgr (the encoding survives its lowercasing), reads it
+back, and retries a few times. The spool file is removed only after a verified write,
+so ``colloc admin`` tooling can replay leftovers after a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from slurm_colloc.node.logging_setup import node_logger
+from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
+
+TRIES = 8
+
+
+def spool_path(spool_dir: str, job_id: int) -> Path:
+    """Where the epilog leaves the text for job ``job_id``."""
+    return Path(spool_dir) / f"{job_id}.adminc"
+
+
+def write_when_finished(
+    adapter: SlurmAdapter, job_id: int, text: str, *, wait: float = 120, pause: float = 1.0
+) -> str:
+    """Wait for the job to finish completing, then set and verify AdminComment."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        info = adapter.show_job(job_id)
+        if info is None or info.get("JobState") not in ("COMPLETING", "RUNNING", "CONFIGURING"):
+            break
+        time.sleep(pause)
+    want = text.lower()
+    for attempt in range(TRIES):
+        try:
+            adapter.set_admin_comment_finished(job_id, text)
+        except SlurmError as e:
+            last = str(e)
+        else:
+            recs = adapter.accounting([job_id])
+            if recs and recs[-1].fields.get("AdminComment", "").lower() == want:
+                return f"written ({len(text)} bytes, try {attempt + 1})"
+            last = "read back a different value"
+        time.sleep(pause * (attempt + 1))
+    raise SlurmError(f"AdminComment not written after {TRIES} tries: {last}")
+
+
+def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> None:
+    """Start the writer fully detached (own session; slurmd does not wait for it)."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.execve(  # noqa: S606 - argv array, no shell; fixed module path
+            sys.executable,
+            [sys.executable, "-m", "slurm_colloc.node.record_writer", str(job_id),
+             str(spool_file)],
+            env,
+        )
+    finally:
+        os._exit(0)
+
+
+def main() -> int:
+    """Entry: ``python -m slurm_colloc.node.record_writer JOBID SPOOLFILE`` (root)."""
+    from slurm_colloc import config as cfgmod
+    from slurm_colloc.node.prolog import main_env
+    from slurm_colloc.slurm.adapter import SlurmCli
+
+    job_id, spool = int(sys.argv[1]), Path(sys.argv[2])
+    log_file = None
+    with contextlib.suppress(cfgmod.ConfigError):
+        log_file = cfgmod.load().log_file
+    log = node_logger("record-writer", job_id, log_file)
+    try:
+        text = spool.read_text()[:65536].strip()
+        outcome = write_when_finished(SlurmCli(env=main_env(os.environ), timeout=30), job_id, text)
+        spool.unlink()
+        log.info("%s", outcome)
+    except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
+        log.error("record not written, left in %s: %s", spool, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
