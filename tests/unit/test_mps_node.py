@@ -1,0 +1,80 @@
+"""MPS bookkeeping, daemon control (through the simulation's stand-in), TaskProlog."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slurm_colloc.mps.control import MpsDaemon
+from slurm_colloc.mps.tenancy import Tenancy, TenancyError, ensure_root_dir
+from slurm_colloc.node.task_prolog import export_lines
+
+STANDIN = shutil.which("colloc-sim-mps-control") or str(
+    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
+)
+
+
+def test_tenancy_tracks_jobs_per_gpu_and_user(tmp_path: Path) -> None:
+    t = Tenancy(tmp_path / "mps")
+    t.prepare_user_dirs(1, 1000)
+    t.add_job(1, 1000, 11)
+    t.add_job(1, 1000, 12)
+    t.prepare_user_dirs(1, 1001)
+    t.add_job(1, 1001, 13)
+    assert t.users_on(1) == [1000, 1001]
+    assert t.all_jobs() == {11: [(1, 1000)], 12: [(1, 1000)], 13: [(1, 1001)]}
+    assert t.remove_job(11) == [(1, 1000)]
+    assert t.jobs_of(1, 1000) == [12]
+    assert oct(t.pipe_dir(1, 1000).stat().st_mode & 0o777) == "0o700"
+
+
+def test_symlinked_state_dir_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "mps").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(TenancyError, match="symlink"):
+        ensure_root_dir(tmp_path / "mps")
+
+
+def test_prepared_pipe_dir_replaces_a_planted_symlink(tmp_path: Path) -> None:
+    t = Tenancy(tmp_path / "mps")
+    t.prepare_user_dirs(0, 5)
+    pipe = t.pipe_dir(0, 5)
+    pipe.rmdir()
+    pipe.symlink_to("/etc")
+    t.prepare_user_dirs(0, 5)
+    assert pipe.is_dir() and not pipe.is_symlink()
+
+
+def test_task_prolog_exports_only_known_safe_values(tmp_path: Path) -> None:
+    t = Tenancy(tmp_path / "mps")
+    t.write_job_env(5, {"CUDA_MPS_PIPE_DIRECTORY": "/run/x/pipe",
+                        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",
+                        "LD_PRELOAD": "/tmp/evil.so",
+                        "COLLOC_GPU": "1; rm -rf /"})
+    lines = export_lines(str(tmp_path / "mps"), 5)
+    assert lines == ["export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M",
+                     "export CUDA_MPS_PIPE_DIRECTORY=/run/x/pipe"]
+    assert export_lines(str(tmp_path / "mps"), 6) == []  # not collocated: nothing
+
+
+def test_daemon_start_command_stop_with_standin(tmp_path: Path) -> None:
+    if not os.path.exists(STANDIN):
+        pytest.fail(f"MPS stand-in not installed at {STANDIN}; run make venv")
+    t = Tenancy(tmp_path / "mps")
+    pipe, logdir = t.prepare_user_dirs(0, os.getuid())
+    d = MpsDaemon(STANDIN, 0, pipe, logdir)
+    assert not d.running()
+    d.start()
+    try:
+        assert d.running() and d.pid() is not None
+        d.start()  # idempotent
+        d.set_defaults(4096, 50)
+        assert d.server_pids() == []  # no client yet: no server
+        assert "4096" in d.command("get_default_device_pinned_mem_limit 0")
+    finally:
+        d.stop()
+    assert not d.running() and d.pid() is None
+    assert (logdir / "control.log").exists()

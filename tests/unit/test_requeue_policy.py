@@ -1,0 +1,49 @@
+"""Requeue decisions after an OOM: step-up policy, caps, whole-GPU jobs."""
+
+from __future__ import annotations
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.node.requeue_policy import decide
+
+CFG = CollocConfig()
+
+
+def _d(cause: str = "gpu-oom", shards: int = 8, restarts: int = 0, cfg: CollocConfig = CFG,
+       estimate: int | None = 7000):
+    return decide(cause=cause, shards=shards, shards_per_gpu=40, restarts=restarts,
+                  estimate_mib=estimate, cfg=cfg)
+
+
+def test_default_goes_straight_to_a_whole_gpu() -> None:
+    d = _d()
+    assert d.requeue and d.new_shards == 40 and "whole GPU" in d.reason
+
+
+def test_step_policy_adds_max_5gib_or_half_first_then_whole() -> None:
+    step = CollocConfig(step_up_policy="step")
+    first = _d(cfg=step, estimate=7000)  # 7000 + max(5120, 3500) = 12120 MiB -> 12 shards
+    assert first.requeue and first.new_shards == 12
+    big = _d(cfg=step, estimate=20000, shards=20)  # 20000 + 10000 -> 30 shards
+    assert big.new_shards == 30
+    second = _d(cfg=step, restarts=1, shards=12)
+    assert second.new_shards == 40
+
+
+def test_whole_gpu_oom_is_the_jobs_own_problem() -> None:
+    d = _d(shards=40)
+    assert not d.requeue and "whole GPU" in d.reason and "not requeued" in d.reason
+
+
+def test_attempt_cap_and_switch() -> None:
+    assert not _d(restarts=2).requeue
+    assert not _d(cfg=CollocConfig(requeue_on_oom=False)).requeue
+
+
+def test_host_oom_and_nothing_are_not_requeued() -> None:
+    assert not _d(cause="host-oom").requeue
+    assert not _d(cause="none").requeue
+
+
+def test_co_tenant_mps_fault_keeps_the_request() -> None:
+    d = _d(cause="mps-fault", shards=8)
+    assert d.requeue and d.new_shards == 8
