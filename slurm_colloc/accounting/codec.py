@@ -337,19 +337,33 @@ def _shrinkers() -> list[Callable[[JobRecord], JobRecord | None]]:
         return replace(r, attempts=r.attempts[1:], dropped_attempts=r.dropped_attempts + 1)
 
     def strip_last(r: JobRecord) -> JobRecord | None:
+        # the latest attempt in ever slimmer forms; its number and cause go last
         if not r.attempts:
             return None
         a = r.attempts[-1]
-        slim = Attempt(
-            attempt=a.attempt,
-            limit_mib=a.limit_mib,
-            gpu=a.gpu,
-            oom=replace(a.oom, evidence_path=None) if a.oom else None,
-            requeue=replace(a.requeue, reason=a.requeue.reason[:40]) if a.requeue else None,
+        levels = (
+            Attempt(
+                attempt=a.attempt,
+                limit_mib=a.limit_mib,
+                gpu=a.gpu,
+                oom=OomInfo(a.oom.cause[:16], (a.oom.pattern_id or "")[:32] or None)
+                if a.oom
+                else None,
+                requeue=Requeue(
+                    a.requeue.requeued,
+                    a.requeue.reason[:24],
+                    (a.requeue.new_request or "")[:24] or None,
+                )
+                if a.requeue
+                else None,
+            ),
+            Attempt(attempt=a.attempt, oom=OomInfo(a.oom.cause[:16]) if a.oom else None),
+            Attempt(attempt=a.attempt),
         )
-        if slim == a:
-            return replace(r, attempts=(), dropped_attempts=r.dropped_attempts + 1)
-        return replace(r, attempts=(slim,))
+        for slim in levels:
+            if len(_pack(replace(r, attempts=(slim,)))) < len(_pack(replace(r, attempts=(a,)))):
+                return replace(r, attempts=(slim,))
+        return replace(r, attempts=(), dropped_attempts=r.dropped_attempts + 1)
 
     return [
         drop_extra,
