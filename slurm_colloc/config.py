@@ -95,6 +95,12 @@ class CollocConfig:
     """Per-job time series older than this are deleted."""
     admin_comment_max_bytes: int = 4096
     """Size cap of the encoded record written to AdminComment."""
+    metrics_max_rows: int = 10000
+    """Cap on rows of one attempt's time series; past it, rows are merged pairwise
+    (peaks kept) and the sampling stride doubles, so a long job stays bounded."""
+    collector_idle_exit_s: float = 600.0
+    """The node collector exits after this long without any GPU job on the node
+    (the next prolog starts it again)."""
 
     # --- Logging ---------------------------------------------------------------------
     log_file: str = "/var/log/slurm/colloc.log"

@@ -104,6 +104,17 @@ def _metrics(ctx: JobContext, cfg: CollocConfig) -> tuple[Any, tuple[str, ...]]:
     return summary, tuple(tenants)
 
 
+def _record_history(ctx: JobContext, cfg: CollocConfig, metrics: Any, result: EpilogResult) -> None:
+    """A successful attempt's measured peak becomes the estimator's history."""
+    try:
+        from slurm_colloc.metrics.summary import record_history
+
+        ok = ctx.exit_code == "0:0" and result.cause == "none"
+        record_history(cfg, ctx.job_id, ctx.restarts, metrics, succeeded=ok)
+    except Exception as e:  # noqa: BLE001 - history is an optimisation, never fatal
+        result.errors.append(f"history not recorded: {e}")
+
+
 def run(
     ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter, log: logging.LoggerAdapter[Any]
 ) -> EpilogResult:
@@ -121,6 +132,7 @@ def run(
     except Exception as e:  # noqa: BLE001 - metrics are optional for the record
         result.errors.append(f"metrics summary failed: {e}")
         metrics, co_tenants = None, ()
+    _record_history(ctx, cfg, metrics, result)
     text = _record_text(ctx, cfg, result, metrics, co_tenants)
     if result.decision is not None and result.decision.requeue:
         try:

@@ -12,6 +12,7 @@ node. The caller (prolog/colloc_prolog.py) always exits 0.
 
 from __future__ import annotations
 
+import logging
 import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ def run(ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter) -> PrologDeci
     tenancy = Tenancy(Path(cfg.mps_root))
     if not ctx.gpus:
         return PrologDecision("none", detail="no GPU bound to the job")
+    start_metrics(ctx, cfg)
     if not ctx.is_shared:
         for gpu in ctx.gpus:
             with tenancy.locked(gpu):
@@ -107,6 +109,18 @@ def run(ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter) -> PrologDeci
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
         detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}",
     )
+
+
+def start_metrics(ctx: JobContext, cfg: CollocConfig) -> None:
+    """Metrics sidecar (:mod:`slurm_colloc.metrics.launch`); never in the job's way."""
+    try:
+        from slurm_colloc.metrics.launch import ensure_collector
+
+        ensure_collector(ctx, cfg)
+    except Exception as e:  # noqa: BLE001 - metrics are optional; MPS set-up is not
+        logging.getLogger("colloc.node.prolog").warning(
+            "prolog: job %s: metrics sidecar not started: %s", ctx.job_id, e
+        )
 
 
 def main_env(env: Mapping[str, str]) -> dict[str, str]:

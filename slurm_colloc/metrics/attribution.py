@@ -1,0 +1,125 @@
+"""Which Slurm job (and attempt) a GPU process belongs to.
+
+NVML (and the sim backend) name GPU processes by pid only. The collector runs as
+root and asks, in order of trust:
+
+1. the process's cgroup (``/proc/<pid>/cgroup`` containing ``/job_<id>/``, the layout
+   of Slurm's cgroup plugins): set by slurmstepd, not by the user;
+2. its environment (``/proc/<pid>/environ``: ``SLURM_JOB_ID``,
+   ``SLURM_RESTART_COUNT``): works with ``proctrack/linuxproc`` (the devcluster), but
+   a user can change it, so when the prolog's meta names the job's uid the process
+   must belong to that uid or it is not attributed.
+
+Answers are cached per (pid, start time), so pid reuse never inherits an old answer
+and each process's files are read once. Reads are bounded; nothing follows links.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MAX_ENVIRON = 256 * 1024
+MAX_CGROUP = 16 * 1024
+_CG_JOB = re.compile(rb"/job_(\d{1,12})(?:/|$)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class JobTag:
+    """A process's job and attempt, and how we know."""
+
+    job_id: str
+    attempt: int
+    source: str
+    """``cgroup`` or ``environ``."""
+    uid: int
+
+
+def _read(path: str, limit: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def start_ticks(pid: int, proc: str = "/proc") -> int | None:
+    """Process start time (field 22 of stat), None if the process is gone."""
+    raw = _read(f"{proc}/{pid}/stat", 4096)
+    if not raw:
+        return None
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _env_value(environ: bytes, key: bytes) -> str | None:
+    for item in environ.split(b"\0"):
+        if item.startswith(key + b"="):
+            return item[len(key) + 1 :].decode("ascii", "replace")
+    return None
+
+
+def tag_of(pid: int, proc: str = "/proc") -> JobTag | None:
+    """Look the process up (no cache)."""
+    try:
+        uid = os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return None
+    environ = _read(f"{proc}/{pid}/environ", MAX_ENVIRON) or b""
+    restarts = _env_value(environ, b"SLURM_RESTART_COUNT")
+    attempt = int(restarts) if restarts and restarts.isdigit() else 0
+    cg = _read(f"{proc}/{pid}/cgroup", MAX_CGROUP) or b""
+    m = _CG_JOB.search(cg)
+    if m:
+        return JobTag(m.group(1).decode(), attempt, "cgroup", uid)
+    job = _env_value(environ, b"SLURM_JOB_ID")
+    if job and job.isdigit() and len(job) <= 12:
+        return JobTag(job, attempt, "environ", uid)
+    return None
+
+
+class Attributor:
+    """Cached pid -> job lookups; ``uid_of_job`` verifies environment answers."""
+
+    def __init__(
+        self, proc: str = "/proc", uid_of_job: Callable[[str], int | None] | None = None
+    ) -> None:
+        """``uid_of_job(job)`` gives the owner the prolog recorded, or None."""
+        self.proc = proc
+        self.uid_of_job = uid_of_job
+        self._cache: dict[int, tuple[int, JobTag | None]] = {}
+
+    def lookup(self, pid: int) -> JobTag | None:
+        """The process's job, or None (not a Slurm job, gone, or failed verification)."""
+        ticks = start_ticks(pid, self.proc)
+        if ticks is None:
+            self._cache.pop(pid, None)
+            return None
+        hit = self._cache.get(pid)
+        if hit is not None and hit[0] == ticks:
+            return hit[1]
+        tag = tag_of(pid, self.proc)
+        if tag is not None and tag.source == "environ" and self.uid_of_job is not None:
+            owner = self.uid_of_job(tag.job_id)
+            if owner is not None and owner != tag.uid and tag.uid != 0:
+                tag = None  # a user's process claiming another user's job
+        if tag is not None:
+            # negatives are not cached: a process caught between fork and exec still
+            # shows its parent's environment, and its start time will not change
+            self._cache[pid] = (ticks, tag)
+        return tag
+
+    def forget_missing(self, alive: set[int]) -> None:
+        """Drop cache entries of pids no longer on any GPU (bounds the cache)."""
+        for pid in [p for p in self._cache if p not in alive]:
+            del self._cache[pid]

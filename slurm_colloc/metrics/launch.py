@@ -1,0 +1,113 @@
+"""Prolog side of the metrics sidecar: record the attempt, make sure a collector runs.
+
+This sits on every job's start, so it does the least possible: one small JSON
+write, one non-blocking ``flock`` probe on the collector's pid file (no pid parsing,
+so a stale pid file can never fool it), and only when no collector holds the lock a
+detached double-fork + exec of ``python -m slurm_colloc.metrics.collector``.
+Measured cost: see docs/report.md (well under a millisecond when the collector is
+already running).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.metrics import store
+from slurm_colloc.node.job import JobContext
+
+SPANK = "SPANK__SLURM_SPANK_OPTION_colloc_colloc_"
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v and v.isdigit() and len(v) < 10 else None
+
+
+def _name(v: str | None) -> str | None:
+    if not v or v == "(null)" or len(v) > 32:
+        return None
+    v = v.lower()
+    return v if all(c.isalnum() or c in "-_." for c in v) else None
+
+
+def meta_for(ctx: JobContext, cfg: CollocConfig, env: Mapping[str, str]) -> store.JobMeta:
+    """The attempt's meta: job facts plus the estimator inputs (SPANK env, untrusted)."""
+    from slurm_colloc.site.record import parse_record
+
+    sub = parse_record(ctx.admin_comment)
+    return store.JobMeta(
+        job_id=ctx.job_id, attempt=ctx.restarts, uid=ctx.uid, gpus=ctx.gpus,
+        limit_mib=ctx.shards * cfg.shard_mib if ctx.is_shared else None,
+        shards=ctx.shards, start=time.time(),
+        estimate_mib=(sub.est_mib or sub.need_mib) if sub else None,
+        estimator=(sub.estimator or sub.mode) if sub else None,
+        fingerprint=sub.fingerprint if sub else None,
+        batch_size=_int(env.get(SPANK + "batch_size")),
+        seq_len=_int(env.get(SPANK + "seq_len")),
+        optimizer=_name(env.get(SPANK + "optimizer")),
+        precision=_name(env.get(SPANK + "precision")),
+    )
+
+
+def collector_running(metrics_dir: str) -> bool:
+    """True while a collector holds the lock on its pid file."""
+    try:
+        fd = os.open(Path(metrics_dir) / store.PID_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def spawn_collector(env: Mapping[str, str]) -> None:
+    """Start the collector fully detached (own session; slurmd does not wait for it)."""
+    child_env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
+    for k in ("COLLOC_CONF", "SLURM_CONF"):
+        if k in env:
+            child_env[k] = env[k]
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.closerange(3, 1024)
+        os.chdir("/")
+        os.execve(  # noqa: S606 - argv array, no shell; fixed module path
+            sys.executable, [sys.executable, "-m", "slurm_colloc.metrics.collector"], child_env
+        )
+    finally:
+        os._exit(0)
+
+
+def ensure_collector(
+    ctx: JobContext, cfg: CollocConfig, env: Mapping[str, str] | None = None
+) -> str:
+    """Prolog hook: store the attempt's meta; start the collector unless it runs.
+
+    Returns what it did (for the prolog's log line). Raises only OSError-type errors
+    of the metrics dir, which the prolog logs and ignores.
+    """
+    if not ctx.gpus:
+        return "no GPU"
+    env = os.environ if env is None else env
+    store.write_meta(cfg.metrics_dir, meta_for(ctx, cfg, env))
+    if collector_running(cfg.metrics_dir):
+        return "collector running"
+    spawn_collector(env)
+    return "collector started"
