@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "slurm_colloc.cli.demo_cmd:demo",
     "devcluster": "slurm_colloc.cli.devcluster_cmd:devcluster",
     "estimate": "slurm_colloc.cli.estimate_cmd:estimate",
+    "report": "slurm_colloc.cli.report_cmd:report",
 }
 
 

@@ -1,0 +1,135 @@
+"""Admin view over a period: ``colloc report --since DATE [--user U]``.
+
+- jobs collocated: colloc jobs whose (last) share was smaller than a whole GPU;
+- GPU-hours saved against whole-GPU allocation: per shared attempt, elapsed x
+  (1 - shards / shards per GPU), i.e. the GPU time other jobs could use;
+- OOM crashes and recoveries (a recovery: a requeued job that then completed);
+- estimator accuracy: estimate vs measured peak of completed attempts, per estimator.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.report.inquirer import JobRow
+from slurm_colloc.site.record import parse_record
+
+
+@dataclass
+class EstimatorStats:
+    """Accuracy of one estimator over the period."""
+
+    estimator: str
+    jobs: int = 0
+    under: int = 0
+    """Jobs whose measured peak exceeded the estimate."""
+    median_error_pct: float | None = None
+    """Median of (estimate - peak) / peak, in percent (positive = over-estimate)."""
+    errors: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PeriodSummary:
+    """The admin view's figures."""
+
+    since: str
+    user: str | None
+    jobs: int = 0
+    colloc_jobs: int = 0
+    collocated: int = 0
+    gpu_hours_used: float = 0.0
+    gpu_hours_saved: float = 0.0
+    oom_crashes: int = 0
+    recovered: int = 0
+    estimators: list[EstimatorStats] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (without the raw error lists)."""
+        d = asdict(self)
+        for e in d["estimators"]:
+            e.pop("errors")
+        return d
+
+
+def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
+                     user: str | None) -> PeriodSummary:
+    """Aggregate the period's accounting lines (pure)."""
+    spg = (cfg.gpu_memory_mib // cfg.shard_mib) if cfg.gpu_memory_mib else 40
+    by_job: dict[str, list[JobRow]] = {}
+    for r in rows:
+        by_job.setdefault(r.job_id, []).append(r)
+    out = PeriodSummary(since=since, user=user, jobs=len(by_job))
+    stats: dict[str, EstimatorStats] = {}
+    for lines in by_job.values():
+        rec = None
+        sub = None
+        for ln in lines:
+            rec = try_decode(ln.admin_comment) or rec
+            sub = sub or parse_record(ln.admin_comment)
+        if rec is None and sub is None:
+            continue
+        out.colloc_jobs += 1
+        attempts = rec.attempts if rec else ()
+        shared = False
+        for i, a in enumerate(attempts):
+            el = lines[i].elapsed_s if len(lines) == len(attempts) else None
+            if el is None and a.start and a.end:
+                el = a.end - a.start
+            hours = (el or 0) / 3600
+            shards = a.shards or spg
+            if shards < spg:
+                shared = True
+                out.gpu_hours_saved += hours * (1 - shards / spg)
+            out.gpu_hours_used += hours * min(1.0, shards / spg)
+            if a.oom and a.oom.cause in ("gpu-oom", "mps-fault"):
+                out.oom_crashes += 1
+        if not attempts and sub is not None and sub.shards < spg:
+            shared = True
+        out.collocated += shared
+        final = lines[-1].state
+        if any(a.requeue and a.requeue.requeued for a in attempts) and final == "COMPLETED":
+            out.recovered += 1
+        done = [a for a in attempts if a.metrics and a.metrics.peak_mib and not a.oom]
+        est = attempts[0].estimate if attempts and attempts[0].estimate else None
+        if done and est and est.mib:
+            peak = done[-1].metrics.peak_mib if done[-1].metrics else None
+            if peak:
+                s = stats.setdefault(est.estimator, EstimatorStats(est.estimator))
+                s.jobs += 1
+                s.under += peak > est.mib
+                s.errors.append((est.mib - peak) / peak * 100)
+    for s in stats.values():
+        s.median_error_pct = round(statistics.median(s.errors), 1) if s.errors else None
+    out.estimators = sorted(stats.values(), key=lambda s: -s.jobs)
+    out.gpu_hours_saved = round(out.gpu_hours_saved, 3)
+    out.gpu_hours_used = round(out.gpu_hours_used, 3)
+    return out
+
+
+def render(p: PeriodSummary) -> Any:
+    """rich renderable of the admin view."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column(justify="right")
+    head.add_row("Jobs in period", str(p.jobs))
+    head.add_row("colloc jobs", str(p.colloc_jobs))
+    head.add_row("Collocated (shared a GPU)", str(p.collocated))
+    head.add_row("GPU-hours allocated", f"{p.gpu_hours_used:.2f}")
+    head.add_row("GPU-hours saved vs whole GPUs", f"{p.gpu_hours_saved:.2f}")
+    head.add_row("GPU OOM crashes", str(p.oom_crashes))
+    head.add_row("Recovered by requeue", str(p.recovered))
+    t = Table("estimator", "jobs", "under-estimated", "median error", header_style="bold")
+    for s in p.estimators:
+        t.add_row(s.estimator, str(s.jobs), str(s.under),
+                  "-" if s.median_error_pct is None else f"{s.median_error_pct:+.0f}%")
+    title = f"colloc usage since {p.since}" + (f" for {p.user}" if p.user else "")
+    return Group(Text(title, style="bold"), head, Text(""),
+                 Text("Estimator accuracy (estimate vs measured peak)", style="bold"), t)

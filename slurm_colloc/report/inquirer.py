@@ -1,0 +1,148 @@
+"""Where the report's facts come from: an abstract "inquirer" (as in reportseff).
+
+:class:`Inquirer` answers the report's questions (a job's accounting lines, the jobs
+of a period, the controller's live view of a running job, the node-local series);
+:class:`SlurmInquirer` asks Slurm through :class:`~slurm_colloc.slurm.adapter.SlurmCli`
+and reads the metrics store when it is on this host. Tests use a fake.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from slurm_colloc.metrics import store
+from slurm_colloc.slurm.adapter import SACCT_FIELDS, SlurmCli
+
+_ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
+_JOB_ID = re.compile(r"^\d{1,12}$")
+
+
+def parse_elapsed(text: str) -> int | None:
+    """Slurm's ``[D-][HH:]MM:SS`` as seconds."""
+    m = _ELAPSED.match(text.strip())
+    if not m:
+        return None
+    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def parse_time(text: str) -> int | None:
+    """Slurm's ``YYYY-MM-DDTHH:MM:SS`` (local time) as Unix seconds; None for Unknown."""
+    try:
+        return int(datetime.fromisoformat(text.strip()).timestamp())
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One allocation line of sacct (a requeued job has one per attempt)."""
+
+    job_id: str
+    name: str = ""
+    user: str = ""
+    state: str = ""
+    exit_code: str = ""
+    submit: int | None = None
+    start: int | None = None
+    end: int | None = None
+    elapsed_s: int | None = None
+    node: str = ""
+    alloc_tres: str = ""
+    req_tres: str = ""
+    admin_comment: str = ""
+
+    @classmethod
+    def from_fields(cls, f: Mapping[str, str]) -> JobRow:
+        """Build from sacct fields by name."""
+        return cls(
+            job_id=f.get("JobIDRaw", ""), name=f.get("JobName", ""), user=f.get("User", ""),
+            state=(f.get("State", "") or "").split(" ")[0], exit_code=f.get("ExitCode", ""),
+            submit=parse_time(f.get("Submit", "")), start=parse_time(f.get("Start", "")),
+            end=parse_time(f.get("End", "")), elapsed_s=parse_elapsed(f.get("Elapsed", "")),
+            node=f.get("NodeList", ""), alloc_tres=f.get("AllocTRES", ""),
+            req_tres=f.get("ReqTRES", ""), admin_comment=f.get("AdminComment", ""),
+        )
+
+
+class Inquirer(abc.ABC):
+    """The report's questions; one implementation per source of facts."""
+
+    @abc.abstractmethod
+    def job_rows(self, job_id: str) -> list[JobRow]:
+        """Accounting lines of the job, oldest attempt first ([] = unknown job)."""
+
+    @abc.abstractmethod
+    def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
+        """Accounting lines of all jobs that ran in the period (admin view)."""
+
+    @abc.abstractmethod
+    def live(self, job_id: str) -> dict[str, Any] | None:
+        """The controller's view of a job it still has (running, pending), else None."""
+
+    @abc.abstractmethod
+    def series(self, job_id: str, attempt: int) -> store.Series | None:
+        """The attempt's node-local time series when readable from here, else None."""
+
+    def metas(self, job_id: str) -> dict[int, store.JobMeta]:
+        """Prolog metas per attempt when the node's store is readable here."""
+        return {}
+
+
+class SlurmInquirer(Inquirer):
+    """sacct/scontrol through the Slurm adapter, plus the local metrics store."""
+
+    def __init__(self, slurm: SlurmCli, metrics_dir: str | None) -> None:
+        """``metrics_dir`` None: do not look for node-local series."""
+        self.slurm = slurm
+        self.metrics_dir = metrics_dir
+
+    def job_rows(self, job_id: str) -> list[JobRow]:
+        if not _JOB_ID.match(job_id):
+            return []
+        return [JobRow.from_fields(r.fields) for r in self.slurm.accounting([job_id])
+                if r.job_id == job_id]
+
+    def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
+        args = ["--parsable2", "--noheader", "--allocations", "--duplicates",
+                f"--format={','.join(SACCT_FIELDS)}", f"--starttime={since}"]
+        args += [f"--endtime={until}"] if until else []
+        args += [f"--user={user}"] if user else ["--allusers"]
+        cp = self.slurm.run("sacct", *args)
+        out = []
+        for line in cp.stdout.splitlines():
+            parts = line.split("|")
+            if len(parts) == len(SACCT_FIELDS):
+                out.append(JobRow.from_fields(dict(zip(SACCT_FIELDS, parts, strict=True))))
+        return out
+
+    def live(self, job_id: str) -> dict[str, Any] | None:
+        if not _JOB_ID.match(job_id):
+            return None
+        return self.slurm.show_job(job_id)
+
+    def series(self, job_id: str, attempt: int) -> store.Series | None:
+        if self.metrics_dir is None:
+            return None
+        try:
+            path = store.series_path(self.metrics_dir, job_id, attempt)
+        except ValueError:
+            return None
+        if not path.exists():
+            return None
+        return store.read_series(self.metrics_dir, job_id, attempt)
+
+    def metas(self, job_id: str) -> dict[int, store.JobMeta]:
+        if self.metrics_dir is None:
+            return {}
+        out = {}
+        for a in store.attempts_on_node(self.metrics_dir, job_id):
+            m = store.read_meta(self.metrics_dir, job_id, a)
+            if m is not None:
+                out[a] = m
+        return out

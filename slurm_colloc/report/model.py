@@ -1,0 +1,233 @@
+"""The report of one job as data: built from accounting, the colloc record and series.
+
+Pure functions over what an :class:`~slurm_colloc.report.inquirer.Inquirer` returns;
+the renderers (text, JSON, HTML) only format a :class:`JobReport`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.accounting.record import Attempt, JobRecord
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.metrics import store
+from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
+from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_time
+from slurm_colloc.site.record import CollocRecord, parse_record
+
+RUNNING = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"})
+
+
+class UnknownJobError(LookupError):
+    """Neither the controller nor accounting knows the job."""
+
+
+@dataclass
+class AttemptView:
+    """One attempt as the report shows it (None = not known / not measured)."""
+
+    attempt: int
+    outcome: str
+    node: str | None = None
+    gpu: int | None = None
+    shards: int | None = None
+    limit_mib: int | None = None
+    estimate_mib: int | None = None
+    estimator: str | None = None
+    peak_mib: int | None = None
+    mean_mib: float | None = None
+    sm_activity: float | None = None
+    """0..1, mean over the attempt."""
+    sm_source: str | None = None
+    """``sm-activity`` (DCGM profiling or sim) or ``utilization`` (NVML only)."""
+    energy_j: float | None = None
+    samples: int = 0
+    co_tenants: list[str] = field(default_factory=list)
+    oom: dict[str, Any] | None = None
+    requeue: dict[str, Any] | None = None
+    start: int | None = None
+    end: int | None = None
+    idle_fraction: float | None = None
+    """Share of samples with SM activity under 5 % (needs the series)."""
+    tenants_timeline: list[dict[str, Any]] = field(default_factory=list)
+    """Per co-tenant: first and last time seen (needs the series)."""
+
+
+@dataclass
+class JobReport:
+    """Everything ``colloc-report`` says about one job."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+    exit_code: str
+    node: str
+    elapsed_s: int | None
+    colloc: bool
+    """The job carries colloc data (a submit record or attempt records)."""
+    submitted: dict[str, Any] | None
+    attempts: list[AttemptView]
+    recommendations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    shards_per_gpu: int | None = None
+    shard_mib: int | None = None
+    gpu_memory_mib: int | None = None
+    series: dict[int, store.Series] = field(default_factory=dict)
+    truncated: bool = False
+
+    @property
+    def running(self) -> bool:
+        """The job has not finished yet (the report shows what is known so far)."""
+        return self.state in RUNNING
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object (stable keys; see docs/report.md)."""
+        d = asdict(self)
+        d.pop("series")
+        d["running"] = self.running
+        d["series_available"] = sorted(self.series)
+        return d
+
+
+def _outcome(a: Attempt, row: JobRow | None, last: bool, job_state: str) -> str:
+    if a.requeue and a.requeue.requeued:
+        cause = a.oom.cause if a.oom else "failure"
+        return f"{cause}, requeued"
+    if a.oom and a.oom.cause != "none":
+        return f"{a.oom.cause}" + (f" ({row.state})" if row and row.state else "")
+    if last:
+        return job_state
+    return row.state if row and row.state else "ended"
+
+
+def _view(a: Attempt, outcome: str) -> AttemptView:
+    m = a.metrics
+    v = AttemptView(
+        attempt=a.attempt, outcome=outcome, node=a.node, gpu=a.gpu, shards=a.shards,
+        limit_mib=a.limit_mib, estimate_mib=a.estimate.mib if a.estimate else None,
+        estimator=a.estimate.estimator if a.estimate else None,
+        co_tenants=list(a.co_tenants), start=a.start, end=a.end,
+    )
+    if m is not None:
+        v.peak_mib, v.mean_mib, v.energy_j = m.peak_mib, m.mean_mib, m.energy_j
+        v.samples = m.samples
+        v.sm_activity = m.mean_sm_activity
+        v.sm_source = None if m.mean_sm_activity is None else (
+            "sm-activity" if m.dcgm else "utilization")
+    if a.oom and a.oom.cause != "none":
+        v.oom = {"cause": a.oom.cause, "pattern": a.oom.pattern_id,
+                 "evidence": a.oom.evidence_path, "whole_gpu": a.oom.whole_gpu}
+    if a.requeue:
+        v.requeue = {"requeued": a.requeue.requeued, "reason": a.requeue.reason,
+                     "new_request": a.requeue.new_request,
+                     "new_limit_mib": a.requeue.new_limit_mib}
+    return v
+
+
+def _apply_series(v: AttemptView, s: store.Series) -> None:
+    rows = s.rows
+    if not rows:
+        return
+    if v.samples == 0:  # running job, or no record yet: use the series itself
+        summ, tenants = summarize(rows)
+        if summ is not None:
+            v.peak_mib, v.mean_mib, v.energy_j = summ.peak_mib, summ.mean_mib, summ.energy_j
+            v.samples = summ.samples
+            v.sm_activity = summ.mean_sm_activity
+            if summ.mean_sm_activity is not None:
+                v.sm_source = "sm-activity" if summ.dcgm else "utilization"
+            v.co_tenants = sorted(set(v.co_tenants) | set(tenants), key=store._job_key)
+        v.start = v.start or int(rows[0].t)
+    act = [(r.sm_pct if r.sm_pct is not None else r.util_pct, r.n) for r in rows]
+    known = [(x, n) for x, n in act if x is not None]
+    if known:
+        v.idle_fraction = round(sum(n for x, n in known if x < IDLE_SM_PCT)
+                                / sum(n for _, n in known), 3)
+    seen: dict[str, list[float]] = {}
+    for r in rows:
+        for t in r.tenants:
+            span = seen.setdefault(t, [r.t, r.t])
+            span[1] = r.t
+    v.tenants_timeline = [{"job_id": j, "from": round(a - rows[0].t, 1),
+                           "to": round(b - rows[0].t, 1)}
+                          for j, (a, b) in sorted(seen.items(), key=lambda kv: kv[1][0])]
+
+
+def _submitted(rec: CollocRecord | None) -> dict[str, Any] | None:
+    if rec is None:
+        return None
+    return {"mode": rec.mode, "estimate_mib": rec.est_mib or rec.need_mib,
+            "estimator": rec.estimator or rec.mode, "need_mib": rec.need_mib,
+            "shards": rec.shards, "shard_mib": rec.shard_mib, "alloc_mib": rec.alloc_mib,
+            "fingerprint": rec.fingerprint}
+
+
+def _live_attempt(rec: CollocRecord | None, live: dict[str, Any], n: int,
+                  meta: store.JobMeta | None) -> Attempt:
+    """A synthetic record of the attempt running now (no epilog has written it yet)."""
+    from slurm_colloc.accounting.record import Estimate
+    from slurm_colloc.node.job import context_from_record
+
+    ctx = context_from_record(0, 0, {}, live)
+    est = Estimate(mib=rec.est_mib or rec.need_mib, estimator=rec.estimator or rec.mode) \
+        if rec else None
+    limit = meta.limit_mib if meta else None
+    return Attempt(attempt=n, estimate=est, shards=ctx.shards or None, limit_mib=limit,
+                   gpu=ctx.gpu, node=str(live.get("NodeList", "")) or None,
+                   start=(int(meta.start) if meta else None) or parse_time(str(live.get("StartTime", ""))))
+
+
+def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
+    """The report of ``job_id``; raises :class:`UnknownJobError` for an unknown job."""
+    rows = inquirer.job_rows(job_id)
+    live = inquirer.live(job_id) if not rows or rows[-1].state in RUNNING else None
+    if not rows and live is None:
+        raise UnknownJobError(f"job {job_id}: not known to Slurm (controller or accounting)")
+    last = rows[-1] if rows else None
+    state = str(live.get("JobState", "")) if live else (last.state if last else "UNKNOWN")
+    comments = [r.admin_comment for r in rows] + ([str(live.get("AdminComment", ""))]
+                                                  if live else [])
+    record: JobRecord | None = None
+    sub: CollocRecord | None = None
+    for c in comments:
+        r = try_decode(c)
+        if r is not None and (record is None or len(r.attempts) >= len(record.attempts)):
+            record = r
+        sub = sub or parse_record(c)
+    attempts = list(record.attempts) if record else []
+    metas = inquirer.metas(job_id)
+    restarts = int(str(live.get("Restarts", "0") or "0")) if live else None
+    if live is not None and state in RUNNING and state != "PENDING" and (sub or metas):
+        n = restarts or 0
+        if all(a.attempt != n for a in attempts):
+            attempts.append(_live_attempt(sub, live, n, metas.get(n)))
+    views = []
+    for i, a in enumerate(attempts):
+        row = rows[i] if len(rows) == len(attempts) else None
+        views.append(_view(a, _outcome(a, row, i == len(attempts) - 1, state)))
+    series: dict[int, store.Series] = {}
+    for v in views:
+        s = inquirer.series(job_id, v.attempt)
+        if s is not None and s.rows:
+            series[v.attempt] = s
+            _apply_series(v, s)
+        if v.limit_mib is None and v.attempt in metas:
+            v.limit_mib = metas[v.attempt].limit_mib
+    spg = cfg.gpu_memory_mib // cfg.shard_mib if cfg.gpu_memory_mib else None
+    rep = JobReport(
+        job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),
+        user=last.user if last else str(live.get("UserId", "") if live else ""),
+        state=state, exit_code=last.exit_code if last else "",
+        node=(last.node if last else "") or str((live or {}).get("NodeList", "")),
+        elapsed_s=last.elapsed_s if last else None,
+        colloc=bool(sub or attempts), submitted=_submitted(sub), attempts=views,
+        shards_per_gpu=spg, shard_mib=cfg.shard_mib, gpu_memory_mib=cfg.gpu_memory_mib or None,
+        series=series, truncated=bool(record and record.truncated),
+    )
+    from slurm_colloc.report.recommend import notes_and_advice
+
+    rep.notes, rep.recommendations = notes_and_advice(rep)
+    return rep

@@ -1,0 +1,108 @@
+"""Notes (what happened) and recommendations (what to change), from measured symptoms.
+
+The rules are the well-known causes of poor GPU use, each tied to what the sidecar
+measured, so a recommendation always says which figure it comes from:
+
+- batch too small: SM activity and peak memory both under half of what was there;
+- memory nearly full with low SM activity: memory-bound, not compute-bound;
+- idle phases: many samples with the SM idle while the job holds memory
+  (data loading, checkpointing, evaluation on the CPU);
+- a smaller share would do: the measured peak plus margin fits in fewer shards;
+- an OOM: the estimate was short by this much; ask for this much next time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurm_colloc.report.model import AttemptView, JobReport
+
+MARGIN = 0.10
+"""Headroom recommended over a measured peak."""
+
+
+def gib(mib: float | None) -> str:
+    """MiB as a short GiB figure."""
+    return "?" if mib is None else f"{mib / 1024:.1f} GiB"
+
+
+def _final(rep: JobReport) -> AttemptView | None:
+    measured = [a for a in rep.attempts if a.samples]
+    return measured[-1] if measured else (rep.attempts[-1] if rep.attempts else None)
+
+
+def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
+    """(notes, recommendations) for the report."""
+    notes: list[str] = []
+    advice: list[str] = []
+    if not rep.colloc:
+        notes.append("This job carries no colloc data (not submitted with --colloc or a "
+                     "shard request, or it never reached a colloc node).")
+        return notes, advice
+    if rep.running:
+        notes.append(f"The job is {rep.state}: figures are what was measured so far.")
+    if rep.truncated:
+        notes.append("The accounting record was shortened to fit AdminComment; "
+                     "older details are missing.")
+    for a in rep.attempts:
+        if a.oom:
+            ev = f"; log kept in {a.oom['evidence']}" if a.oom.get("evidence") else ""
+            where = "on a whole GPU" if a.oom.get("whole_gpu") else "under its MPS limit"
+            notes.append(f"Attempt {a.attempt} died of {a.oom['cause']} {where}"
+                         f" ({a.oom.get('pattern') or 'pattern unknown'}){ev}.")
+        if a.requeue and a.requeue.get("requeued"):
+            notes.append(f"It was requeued with {a.requeue.get('new_request')} "
+                         f"({gib(a.requeue.get('new_limit_mib'))}): {a.requeue.get('reason')}.")
+        if a.co_tenants:
+            notes.append(f"Attempt {a.attempt} shared GPU {a.gpu} with job(s) "
+                         f"{', '.join(a.co_tenants)}.")
+        if a.samples == 0 and not rep.running:
+            notes.append(f"Attempt {a.attempt}: no GPU samples (sidecar not running, or the "
+                         "job did not use the GPU).")
+        elif a.sm_source == "utilization":
+            notes.append(f"Attempt {a.attempt}: SM activity not measured (no DCGM); "
+                         "GPU utilization shown instead, which overstates real use.")
+    f = _final(rep)
+    if f is None or f.peak_mib is None:
+        return notes, advice
+    est = f.estimate_mib or (rep.submitted or {}).get("estimate_mib")
+    if est:
+        err = (est - f.peak_mib) / f.peak_mib * 100 if f.peak_mib else 0.0
+        notes.append(f"Estimate {gib(est)} vs measured peak {gib(f.peak_mib)} "
+                     f"({err:+.0f}%).")
+    first = rep.attempts[0] if rep.attempts else None
+    if first is not None and first.oom and not rep.running:
+        need = math.ceil(f.peak_mib * (1 + MARGIN) / 1024)
+        advice.append(f"The first estimate ({gib(first.estimate_mib or est)}) was too low: "
+                      f"this job peaked at {gib(f.peak_mib)}. Next time submit with "
+                      f"--colloc-mem={need}G (peak + 10%) to share a GPU without a crash; "
+                      "a --colloc=SUMMARY run now uses this measured peak automatically.")
+    cap = f.limit_mib or rep.gpu_memory_mib
+    sm = f.sm_activity
+    if cap and sm is not None:
+        frac = f.peak_mib / cap
+        if sm < 0.5 and frac < 0.5:
+            advice.append(f"Both SM activity ({sm:.0%}) and peak memory ({frac:.0%} of "
+                          f"{gib(cap)}) stayed under half: the batch is probably too small. "
+                          "Try a larger batch size (e.g. 2x), or run more work per GPU.")
+        elif frac >= 0.9 and sm < 0.4:
+            advice.append(f"Memory was nearly full ({frac:.0%} of {gib(cap)}) while SM "
+                          f"activity was low ({sm:.0%}): memory-bound. Mixed precision "
+                          "(--colloc-precision=amp-bf16) or activation checkpointing frees "
+                          "memory for a larger batch.")
+    if f.idle_fraction is not None and f.idle_fraction >= 0.2:
+        advice.append(f"The GPU was idle in {f.idle_fraction:.0%} of the samples while the "
+                      "job held its memory: data loading or checkpointing stalls. Use more "
+                      "DataLoader workers with pin_memory, prefetch, and write checkpoints "
+                      "asynchronously.")
+    if f.limit_mib and rep.shard_mib and not f.oom and not (first and first.oom):
+        need_shards = math.ceil(f.peak_mib * (1 + MARGIN) / rep.shard_mib)
+        have = f.shards or f.limit_mib // rep.shard_mib
+        if have - need_shards >= 2:
+            advice.append(f"This job used at most {gib(f.peak_mib)} of its {gib(f.limit_mib)} "
+                          f"share: {need_shards} shards instead of {have} would do "
+                          f"(--colloc-mem={math.ceil(need_shards * rep.shard_mib / 1024)}G), "
+                          "so it starts sooner and leaves room for others.")
+    return notes, advice

@@ -1,0 +1,146 @@
+"""Terminal rendering of a job report with rich, in jobstats' order.
+
+Header (who, what, where, state), overall bars (memory peak against the limit and
+the estimate, SM activity), details (one row per attempt), co-tenants over time,
+then notes and recommendations.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from slurm_colloc.report.model import AttemptView, JobReport
+from slurm_colloc.report.recommend import gib
+
+BAR = 40
+
+
+def _hms(s: int | None) -> str:
+    if s is None:
+        return "?"
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
+
+
+def bar(label: str, frac: float | None, right: str, *, warn: float = 0.9,
+        low: float | None = None) -> Text:
+    """A jobstats-style bar: ``label [||||||      ] right``."""
+    t = Text(f"  {label:<18}")
+    if frac is None:
+        t.append("[" + " " * BAR + "]", style="dim")
+        t.append("  not measured", style="dim")
+        return t
+    filled = max(0, min(BAR, round(frac * BAR)))
+    style = "red" if frac >= warn else ("yellow" if low is not None and frac < low else "green")
+    t.append("[")
+    t.append("|" * filled, style=style)
+    t.append(" " * (BAR - filled) + "]")
+    t.append(f"  {right}")
+    return t
+
+
+def _outcome_style(o: str) -> str:
+    if "requeued" in o or "oom" in o or "fault" in o:
+        return "yellow"
+    return "green" if o == "COMPLETED" else ("cyan" if o in ("RUNNING",) else "red")
+
+
+def _detail_table(rep: JobReport) -> Table:
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("#", "node/GPU", "share (limit)", "estimate", "peak", "mean",
+                "SM act.", "energy", "shared with", "outcome"):
+        t.add_column(col, justify="right" if col in ("#", "peak", "mean", "energy") else "left")
+    for a in rep.attempts:
+        share = f"{a.shards} shards ({gib(a.limit_mib)})" if a.shards and a.limit_mib else (
+            "whole GPU" if a.shards is None and a.gpu is not None else gib(a.limit_mib))
+        sm = "-" if a.sm_activity is None else f"{a.sm_activity:.0%}" + (
+            "*" if a.sm_source == "utilization" else "")
+        t.add_row(
+            str(a.attempt), f"{a.node or '?'}/{'?' if a.gpu is None else a.gpu}", share,
+            f"{gib(a.estimate_mib)} {a.estimator or ''}".strip() if a.estimate_mib else "-",
+            gib(a.peak_mib) if a.peak_mib is not None else "-",
+            gib(a.mean_mib) if a.mean_mib is not None else "-", sm,
+            f"{a.energy_j / 3.6e3:.2f} Wh" if a.energy_j else "-",
+            ", ".join(a.co_tenants) or "alone", Text(a.outcome, style=_outcome_style(a.outcome)),
+        )
+    return t
+
+
+def _timeline(a: AttemptView) -> list[Text]:
+    if not a.tenants_timeline:
+        return []
+    out = [Text(f"  Co-tenants of attempt {a.attempt} on GPU {a.gpu} (seconds from its start)",
+                style="bold")]
+    end = max(x["to"] for x in a.tenants_timeline) or 1.0
+    for x in a.tenants_timeline:
+        lo = round(x["from"] / end * BAR) if end else 0
+        hi = max(lo + 1, round(x["to"] / end * BAR))
+        line = Text(f"  job {x['job_id']:<12}")
+        line.append(" " * lo + "=" * (hi - lo), style="magenta")
+        line.append(" " * (BAR - hi) + f"  {x['from']:.0f}s .. {x['to']:.0f}s")
+        out.append(line)
+    return out
+
+
+def render(rep: JobReport) -> RenderableType:
+    """The whole report as one rich renderable."""
+    parts: list[RenderableType] = []
+    rule = Text("=" * 78, style="dim")
+    parts += [rule, Text(f"colloc job report: job {rep.job_id}", style="bold", justify="center"),
+              rule]
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("Job", f"{rep.job_id}  {rep.name}")
+    head.add_row("User", rep.user or "?")
+    state = Text(rep.state, style=_outcome_style(rep.state))
+    if rep.exit_code and rep.exit_code != "0:0":
+        state.append(f"  (exit {rep.exit_code})")
+    head.add_row("State", state)
+    head.add_row("Node", rep.node or "?")
+    head.add_row("Elapsed", _hms(rep.elapsed_s))
+    head.add_row("Attempts", str(len(rep.attempts)))
+    if rep.submitted:
+        s = rep.submitted
+        head.add_row("Submitted", f"{s['mode']}: {gib(s['estimate_mib'])} ({s['estimator']})"
+                     f" -> {s['shards']} shards x {s['shard_mib']} MiB")
+    parts.append(head)
+    if not rep.colloc:
+        parts += [Text(""), *[Text(f"  * {n}") for n in rep.notes]]
+        return Group(*parts)
+    final = next((a for a in reversed(rep.attempts) if a.samples), None)
+    parts += [Text(""), Text("Overall (last measured attempt)", style="bold")]
+    if final is None:
+        parts.append(Text("  no GPU samples", style="dim"))
+    else:
+        cap = final.limit_mib or rep.gpu_memory_mib
+        frac = final.peak_mib / cap if cap and final.peak_mib is not None else None
+        parts.append(bar("GPU memory peak", frac,
+                         f"{gib(final.peak_mib)} of {gib(cap)}" + (
+                             f" ({frac:.0%})" if frac is not None else "")))
+        if final.estimate_mib and cap:
+            parts.append(bar("estimate", final.estimate_mib / cap, gib(final.estimate_mib),
+                             warn=2.0))
+        label = "SM activity" if final.sm_source != "utilization" else "GPU utilization"
+        parts.append(bar(label, final.sm_activity,
+                         f"{final.sm_activity:.0%}" if final.sm_activity is not None else "",
+                         warn=2.0, low=0.5))
+        if final.energy_j:
+            parts.append(Text(f"  {'GPU energy':<18} {final.energy_j / 3.6e3:.2f} Wh "
+                              f"({final.energy_j / 1000:.1f} kJ, share of the GPU's)"))
+    parts += [Text(""), Text("Attempts", style="bold"), _detail_table(rep)]
+    for a in rep.attempts:
+        tl = _timeline(a)
+        if tl:
+            parts += [Text(""), *tl]
+    if rep.notes:
+        parts += [Text(""), Text("Notes", style="bold")]
+        parts += [Text(f"  * {n}") for n in rep.notes]
+    if rep.recommendations:
+        parts += [Text(""), Text("Recommendations", style="bold green")]
+        parts += [Text(f"  * {r}") for r in rep.recommendations]
+    return Group(*parts)
