@@ -14,8 +14,10 @@ Data (``../shared/data/gpu-memory``, not shipped; see docs/estimators.md for sou
   come from ``benchmarks/summaries/timm_torchinfo.jsonl.xz``
   (``make_timm_summaries.py``). Rows whose FakeTensor figure already exceeds the
   40 GiB card, or whose measured peak is at the card's capacity, are runs that hit
-  OOM: their "peak" is not the job's need and they are left out (counted in the
-  header).
+  OOM: their "peak" is not the job's need. Rows measured below 90% of FakeTensor's
+  tensors-only figure, and models whose peak stays flat over all batch sizes, are
+  runs that never completed a training step. All are left out (counted in the
+  header) by rules that look only at the CSV, never at our estimates.
 
 Split: by model (timm) / by architecture file (MLP), a fixed hash, 30% held out. The
 calibration (``--calibrate``) sees only the calibration split; the table reports both.
@@ -64,6 +66,9 @@ HELD_OUT_SHARE = 0.30
 FAILED_RATIO = 0.9
 """A run whose measured peak is below 90% of FakeTensor's tensors-only figure did not
 complete a training step (the trace is a lower bound of what a step allocates)."""
+FLAT_RATIO = 1.10
+"""A model whose measured peaks across all its batch sizes stay within 10% of each
+other did not train (activations grow linearly with the batch): all its rows go."""
 
 
 def held_out(key: str) -> bool:
@@ -114,12 +119,18 @@ def timm_cases(path: Path) -> tuple[list[Case], dict[str, int]]:
         recs += [json.loads(line) for line in partial.open() if line.strip()]
     summaries = {r["model"]: parse_summary(r["summary"]) for r in recs if "summary" in r}
     df = pd.read_csv(path)
-    dropped = {"no_summary": 0, "oom": 0, "failed": 0}
+    dropped = {"no_summary": 0, "oom": 0, "failed": 0, "flat": 0}
+    # a model whose peak does not grow over a 16x batch range never trained
+    span = df.groupby("model")["measured_peak_mib"].agg(["min", "max", "count"])
+    flat = set(span[(span["count"] >= 3) & (span["max"] <= FLAT_RATIO * span["min"])].index)
     cases = []
     for row in df.itertuples(index=False):
         model = str(row.model)
         if model not in summaries:
             dropped["no_summary"] += 1
+            continue
+        if model in flat:
+            dropped["flat"] += 1
             continue
         fake, measured = float(row.faketensor_estimate_mib), float(row.measured_peak_mib)
         if fake >= CARD_MIB or measured >= AT_CAPACITY_MIB:
@@ -248,7 +259,7 @@ def main() -> int:
     n_models = len({c.key for c in timm})
     print(f"cases: {sum(c.dataset == 'mlp' for c in cases)} MLP runs, {len(timm)} timm runs "
           f"({n_models} models); left out: {dropped['oom']} timm OOM/at-capacity rows, "
-          f"{dropped['failed']} failed-run rows, "
+          f"{dropped['failed']} failed-run rows, {dropped['flat']} flat-peak rows, "
           f"{dropped['no_summary']} rows without a summary; held out: "
           f"{sum(c.held_out for c in cases)} runs")
     if args.calibrate:

@@ -20,6 +20,12 @@ batch; the estimators multiply) at the model's default input size, with
 skipped and listed in the output's ``failed`` records. Re-running appends only the
 models that are missing.
 
+``--samples`` instead writes the realistic example summaries used by the sbatch
+templates and the parser tests (``sbatch_templates/summaries/``,
+``tests/unit/data/summaries/``): resnet50 as torchinfo (default depth 3, batch 32)
+and torchsummary-style tables, and Hugging Face bert-base-uncased (built from its
+config, no download) as ``print(model)``, plain and with a ``, N params`` suffix.
+
 Output: ``benchmarks/summaries/timm_torchinfo.jsonl.xz``, one JSON object per line:
 ``{"model", "input_size", "batch", "depth", "torch", "timm", "torchinfo", "summary"}``
 or ``{"model", "failed": "<reason>"}``.
@@ -84,13 +90,71 @@ def _load_done() -> dict[str, dict[str, object]]:
     return {str(r["model"]): r for r in recs}
 
 
+def _with_params(module: object, name: str | None = None, indent: int = 0) -> list[str]:
+    """``print(model)`` with ``, N params`` after every module (the annotated variant
+    some users paste: per-module parameter counts, Hugging Face style)."""
+    pad = "  " * indent
+    head = f"{pad}({name}): " if name is not None else pad
+    n = sum(p.numel() for p in module.parameters())  # type: ignore[attr-defined]
+    children = list(module.named_children())  # type: ignore[attr-defined]
+    cls = type(module).__name__
+    if not children:
+        return [f"{head}{cls}({module.extra_repr()}), {n:,} params"]  # type: ignore[attr-defined]
+    lines = [f"{head}{cls}("]
+    for child_name, child in children:
+        lines += _with_params(child, child_name, indent + 1)
+    lines.append(f"{pad}), {n:,} params")
+    return lines
+
+
+def _torchsummary_table(model: object, input_size: tuple[int, ...]) -> str:
+    """torchsummary's table (captured from its print)."""
+    import contextlib
+    import io
+
+    from torchsummary import summary
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        summary(model, input_size, device="cpu")
+    return buf.getvalue()
+
+
+def samples() -> None:
+    """Write the example summaries (see the module docstring)."""
+    import timm
+    import torchinfo
+    from transformers import BertConfig, BertModel
+
+    repo = HERE.parent
+    out_dirs = [repo / "sbatch_templates" / "summaries", repo / "tests" / "unit" / "data" / "summaries"]
+    r50 = timm.create_model("resnet50", pretrained=False)
+    texts = {
+        "resnet50_torchinfo.txt": str(torchinfo.summary(r50, input_size=(32, 3, 224, 224),
+                                                        verbose=0, device="cpu")),
+        "resnet50_torchsummary.txt": _torchsummary_table(r50, (3, 224, 224)),
+    }
+    bert = BertModel(BertConfig())
+    texts["bert_base_print.txt"] = str(bert) + "\n"
+    texts["bert_base_print_params.txt"] = "\n".join(_with_params(bert)) + "\n"
+    for d in out_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        for fname, text in texts.items():
+            (d / fname).write_text(text)
+            print(f"wrote {d / fname}", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--csv", type=Path, default=CSV)
     ap.add_argument("--limit", type=int, default=0, help="only the first N models (testing)")
     ap.add_argument("--retry-failed", action="store_true")
+    ap.add_argument("--samples", action="store_true", help="write the example summaries")
     args = ap.parse_args()
+    if args.samples:
+        samples()
+        return 0
 
     with args.csv.open(newline="") as f:
         models = sorted({row["model"] for row in csv.DictReader(f)})

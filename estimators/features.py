@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimators.layers import CATEGORIES, has_token_scores, leaf_category
+from estimators.layers import CATEGORIES, category, has_token_scores, leaf_category
 from estimators.model import ModelSummary
 from estimators.physics import MIB, SegmentPacker, activation_bytes_per_elem, param_bytes
 
@@ -59,7 +59,11 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     packers = {c: SegmentPacker() for c in CATEGORIES}
     largest = 0.0
     scores = 0.0
+    parents: list[str] = []  # type of the enclosing row at each depth
     for layer in summary.layers:
+        del parents[layer.depth:]
+        parent = parents[-1] if parents else ""
+        parents.extend([layer.type] * (layer.depth + 1 - len(parents)))
         n = layer.out_elems(eff_seq)
         if has_token_scores(layer.type) and n:
             groups, tokens, width = _attention_geometry(layer.output_shape, eff_seq,
@@ -67,10 +71,20 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
             tokens = int(tokens * scale)
             heads = max(1, width // HEAD_DIM)
             scores += batch_size * groups * heads * tokens * tokens * bpe / MIB
-        if not layer.leaf or not n:
-            continue
+        if not n or (layer.depth == 0 and not layer.leaf):
+            continue  # the model row itself (tree formats)
         nbytes = n * per_elem
-        packers[leaf_category(layer.type, layer.params)].add(nbytes)
+        if not layer.leaf:
+            # a container's outputs are its children's, unless it computes itself
+            cat = leaf_category(layer.type, layer.params) if layer.params > 0 else "container"
+            packers[cat].add(nbytes)
+            continue
+        cat = leaf_category(layer.type, layer.params)
+        shape = layer.output_shape
+        if (category(parent) == "attention" and cat in ("dropout", "softmax", "free", "other")
+                and shape is not None and len(shape) >= 2 and shape[-1] == shape[-2]):
+            cat = "attn_probs"
+        packers[cat].add(nbytes)
         largest = max(largest, nbytes)
     pb = param_bytes(summary.total_params, summary.trainable_params, optimizer, precision)
     return Features(

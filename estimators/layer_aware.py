@@ -9,15 +9,15 @@ The parameter terms and the per-layer bytes come from :mod:`estimators.physics` 
 :mod:`estimators.features`; the constants (context, the k's) and the margin were
 fitted on measured A100 peaks by :mod:`estimators.calibration` and live in
 ``estimators/data/calibration.json`` with the residual statistics they produced.
-The margin is applied to the model-dependent part only: the context is the best
-known term, the activations the least.
+The relative margin scales activations and workspace only: the context and the
+parameter bytes are the best known terms, the activations the least.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class Calibration:
     margin_abs_mib: float
     interval: tuple[float, float]
     """Ratio measured / unmargined estimate at the 5th and 95th percentile (training)."""
+    context_by_dataset: dict[str, float] = field(default_factory=dict)
+    """Context fitted per calibration data set (for the record)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
@@ -56,6 +58,7 @@ class Calibration:
             margin_rel=float(d["margin"]["rel"]),
             margin_abs_mib=float(d["margin"]["abs_mib"]),
             interval=(float(d["interval"][0]), float(d["interval"][1])),
+            context_by_dataset={str(a): float(b) for a, b in d.get("context_by_dataset", {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,7 +68,7 @@ class Calibration:
         coef.update({f"act_{c}": v for c, v in self.k_act.items()})
         return {"context_mib": self.context_mib, "coefficients": coef,
                 "margin": {"rel": self.margin_rel, "abs_mib": self.margin_abs_mib},
-                "interval": list(self.interval)}
+                "interval": list(self.interval), "context_by_dataset": self.context_by_dataset}
 
 
 PRIOR = Calibration(
@@ -107,6 +110,12 @@ def base_breakdown(f: Features, cal: Calibration) -> dict[str, float]:
     }
 
 
+def margin_basis(parts: dict[str, float]) -> float:
+    """The part of an estimate the relative margin scales: activations and workspace,
+    the terms that depend on what the summary cannot show."""
+    return parts["activations"] + parts["workspace"]
+
+
 class LayerAwareEstimator:
     """Default estimator (see the module docstring)."""
 
@@ -130,8 +139,7 @@ class LayerAwareEstimator:
         f = compute(summary, job.batch_size, job.seq_len, job.optimizer, job.precision)
         parts = base_breakdown(f, cal)
         base = sum(parts.values())
-        variable = base - cal.context_mib
-        margin = variable * cal.margin_rel + cal.margin_abs_mib
+        margin = margin_basis(parts) * cal.margin_rel + cal.margin_abs_mib
         total = math.ceil(base + margin)
         parts["margin"] = margin
         notes = []

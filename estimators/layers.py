@@ -17,9 +17,17 @@ from __future__ import annotations
 import re
 
 CATEGORIES = (
-    "conv", "linear", "norm", "act", "softmax", "dropout", "pool_max", "pool",
-    "embedding", "attention", "block", "free", "other",
+    "conv", "linear", "norm", "norm_composite", "act", "softmax", "dropout", "pool_max", "pool",
+    "embedding", "attention", "attn_probs", "block", "free", "other", "container",
 )
+"""``norm_composite``: normalisations written as several elementwise ops (EvoNorm,
+filter/global response norm, RMSNorm) keep several input-sized tensors, where a fused
+BatchNorm/LayerNorm kernel keeps one.
+``attn_probs``: a token x token tensor inside an attention layer (its softmax or
+dropout row is shown only when the attention is computed explicitly, not fused).
+``container``: outputs of containers whose children are shown; a residual add's
+result is such an output and is kept by the next normalisation, but is never a
+leaf's output (overlaps are why its coefficient is fitted, not assumed)."""
 
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (cat, re.compile(rx, re.IGNORECASE))
@@ -30,6 +38,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("dropout", r"dropout"),
         ("attention", r"(attention|attn)"),
         ("softmax", r"^(log|radix)?softmax\d?d?$"),
+        ("norm_composite", r"(evonorm|filterresponse|frn|globalresponse|grn|rmsnorm)"),
         ("norm", r"(norm|normalization)"),
         ("embedding", r"embedding$"),
         ("pool_max", r"max_?pool"),

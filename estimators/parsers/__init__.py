@@ -20,8 +20,8 @@ than this is a wrong file (a log, a checkpoint) and must not be slurped on a log
 FORMATS: dict[str, tuple[Callable[[str], bool], Callable[[str], ModelSummary]]] = {
     "json": (json_format.looks_like, json_format.parse),
     "torchinfo": (torchinfo.looks_like, torchinfo.parse),
-    "torchsummary": (torchsummary.looks_like, torchsummary.parse),
     "keras": (keras.looks_like, keras.parse),
+    "torchsummary": (torchsummary.looks_like, torchsummary.parse),
     "pytorch-print": (pytorch_print.looks_like, pytorch_print.parse),
 }
 

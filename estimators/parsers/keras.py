@@ -15,10 +15,8 @@ from estimators.model import Layer, ModelSummary
 from estimators.parsers._common import footer_count, parse_count, parse_shapes, per_sample
 
 _HEADER = re.compile(r"Layer \(type\)\s*[┃│|]?\s*Output Shape\s*[┃│|]?\s*Param #")
-_ROW = re.compile(
-    r"^\s*(?P<name>\S+)\s+\((?P<type>[A-Za-z_][\w.]*)\)?\s+"
-    r"(?P<shape>\((?:None|\d+)[^)]*\)|\[\((?:None|\d+)[^\]]*\]|multiple)\s+(?P<params>[\d,]+)"
-)
+_SHAPE = re.compile(r"(\((?:None|\d+)[^)]*\)|\[\((?:None|\d+)[^\]]*\]|multiple)")
+_NAME = re.compile(r"^(?P<name>\S+)\s*\((?P<type>[^)]*)\)?\s*$")
 
 
 def looks_like(text: str) -> bool:
@@ -26,8 +24,44 @@ def looks_like(text: str) -> bool:
     return bool(_HEADER.search(text)) and ("Model:" in text or "(None," in text)
 
 
-def _clean(line: str) -> str:
-    return re.sub(r"[┃│|]", " ", line)
+def _rows(lines: list[str], start: int) -> list[tuple[int, str, str, str]]:
+    """(line number, name cell, shape cell, params cell) with wrapped names merged.
+
+    A row is a line with a shape; a line without one continues the previous row's
+    name (Keras cuts long ``name (Type)`` cells onto the next line)."""
+    rows: list[tuple[int, str, str, str]] = []
+    boxed = any("│" in ln for ln in lines[start:start + 5])
+    for i in range(start, len(lines)):
+        raw = lines[i]
+        s = raw.strip()
+        if not s or set(s) <= set("=_-━─┡┩╇┏┓┗┛┳┻└┘┴┼├┤╌│ "):
+            continue
+        if re.match(r"^(Total|Trainable|Non-trainable|Optimizer) params", s):
+            break
+        if boxed:
+            cells = [c.strip() for c in raw.strip().strip("│").split("│")]
+            name = cells[0] if cells else ""
+            shape = cells[1] if len(cells) > 1 else ""
+            params = cells[2] if len(cells) > 2 else ""
+        else:
+            m = _SHAPE.search(raw)
+            if m is None:
+                name, shape, params = s, "", ""
+            else:
+                name = raw[: m.start()].strip()
+                shape = m.group(1)
+                params = raw[m.end():].split()[0] if raw[m.end():].split() else ""
+        if not shape:
+            if not rows:
+                raise SummaryParseError("keras: row without an output shape", line_no=i + 1,
+                                        line=raw)
+            n, nm, sh, pa = rows[-1]
+            if name and not name.startswith(("[", "'")):
+                nm = nm + (" " if boxed else "") + name
+            rows[-1] = (n, nm, sh, pa)
+            continue
+        rows.append((i + 1, name, shape, params))
+    return rows
 
 
 def parse(text: str) -> ModelSummary:
@@ -37,24 +71,16 @@ def parse(text: str) -> ModelSummary:
     if head is None:
         raise SummaryParseError("keras: no 'Layer (type) Output Shape Param #' header")
     layers: list[Layer] = []
-    for i in range(head + 1, len(lines)):
-        raw = lines[i]
-        line = _clean(raw)
-        s = line.strip()
-        if not s or set(s) <= set("=_-━─┡┩╇┏┓┗┛┳┻└┘┴┼├┤╌ "):
-            continue
-        if re.match(r"^(Total|Trainable|Non-trainable|Optimizer) params", s):
-            break
-        m = _ROW.match(line)
-        if m is None:
-            if "(" not in s or re.match(r"^[\w)\s]*\)?\s*$", s) or s.startswith(("[", "'")):
-                continue  # a wrapped name or "Connected to" continuation
-            raise SummaryParseError("keras: unreadable layer row", line_no=i + 1, line=raw)
-        shape_tok = m.group("shape")
+    for line_no, name, shape_tok, params in _rows(lines, head + 1):
+        raw = lines[line_no - 1]
+        m = _NAME.match(name)
+        if m is None or not m.group("type"):
+            raise SummaryParseError("keras: layer cell is not 'name (Type)'", line_no=line_no,
+                                    line=raw)
         shapes = None if shape_tok == "multiple" else parse_shapes(
-            shape_tok.strip("[]") if shape_tok.startswith("[") else shape_tok, i + 1, raw)
-        layers.append(Layer(type=m.group("type").rstrip(")"),
-                            params=parse_count(m.group("params"), i + 1, raw),
+            shape_tok.strip("[]") if shape_tok.startswith("[") else shape_tok, line_no, raw)
+        layers.append(Layer(type=re.sub(r"\s+", "", m.group("type")),
+                            params=parse_count(params or "0", line_no, raw),
                             output_shape=per_sample(shapes, None)))
     if not layers:
         raise SummaryParseError("keras: table has no layer rows", line_no=head + 1)

@@ -1,0 +1,87 @@
+"""``colloc estimate``: GPU memory of a training job from its model summary.
+
+Contract (the cli_filter and sbatch templates depend on it):
+
+    colloc estimate --summary FILE --batch-size N [--seq-len L]
+        [--optimizer sgd|momentum|adam|adamw] [--precision fp32|amp-fp16|amp-bf16]
+        [--estimator NAME] [--json]
+
+* ``--json``: exactly one JSON object on stdout with ``estimate_mib`` (int),
+  ``estimator``, ``breakdown`` (MiB per component), ``margin_mib`` (int),
+  ``fingerprint`` (lowercase hex of the normalised summary) and ``uncertainty``.
+* Exit 0 on success; exit 2 with one line on stderr for bad input (unreadable,
+  unparseable or oversized file, out-of-range batch size, unknown option value).
+
+It runs inside every ``sbatch --colloc``, so it must stay fast: no torch, no pandas,
+nothing imported that the default estimator does not need.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from estimators.physics import OPTIMIZERS, PRECISIONS
+
+
+def _fail(message: str) -> None:
+    click.echo(f"colloc estimate: error: {' '.join(message.split())}", err=True)
+    sys.exit(2)
+
+
+@click.command()
+@click.option("--summary", "summary_path", required=True, metavar="FILE",
+              help="Model summary: torchinfo, torchsummary, print(model), Keras or colloc JSON.")
+@click.option("--batch-size", required=True, type=int, metavar="N", help="Per-GPU batch size.")
+@click.option("--seq-len", type=int, default=None, metavar="L",
+              help="Sequence length (token models).")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
+@click.option("--estimator", "estimator_name", default=None, metavar="NAME",
+              help="Estimator (default: the site's configured one, normally layer-aware).")
+@click.option("--model-factory", default=None, metavar="MODULE:FUNC",
+              help="For --estimator tracing: returns (model, example_input).")
+@click.option("--no-history", is_flag=True, help="Ignore measured peaks of earlier runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer: str,
+             precision: str, estimator_name: str | None, model_factory: str | None,
+             no_history: bool, as_json: bool) -> None:
+    """Estimate the peak GPU memory (MiB, as nvidia-smi shows it) of a training job."""
+    from estimators import EstimatorInputError, SqliteHistory, read_summary_file
+    from estimators import estimate as run_estimate
+    from slurm_colloc.config import ConfigError, load
+
+    try:
+        cfg = load()
+    except ConfigError as e:
+        _fail(str(e))
+        return
+    try:
+        summary = read_summary_file(Path(summary_path))
+        result = run_estimate(
+            summary,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            optimizer=optimizer,
+            precision=precision,
+            estimator=estimator_name or cfg.estimator,
+            history=None if no_history else SqliteHistory(cfg.history_db),
+            model_factory=model_factory,
+        )
+    except EstimatorInputError as e:
+        _fail(str(e))
+        return
+    if as_json:
+        click.echo(json.dumps(result.to_json(), sort_keys=True))
+        return
+    click.echo(f"{result.estimate_mib} MiB ({result.estimator}, margin {result.margin_mib} MiB, "
+               f"fingerprint {result.fingerprint})")
+    for k, v in result.breakdown.items():
+        click.echo(f"  {k:<16} {v:>10.0f} MiB")
+    notes = result.uncertainty.get("notes")
+    if isinstance(notes, list):
+        for note in notes:
+            click.echo(f"  note: {note}")

@@ -1,0 +1,161 @@
+"""Estimators: physics invariants, the breakdown contract, history and the registry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from estimators import (
+    EstimatorInputError,
+    SqliteHistory,
+    estimate,
+    estimator_names,
+    parse_summary,
+    read_summary_file,
+)
+from estimators.layer_aware import PRIOR, LayerAwareEstimator, load_calibration
+from estimators.physics import SegmentPacker, round_request
+
+DATA = Path(__file__).parent / "data" / "summaries"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def resnet50() -> str:
+    return (DATA / "resnet50_torchinfo.txt").read_text()
+
+
+def test_json_contract_fields(resnet50: str) -> None:
+    e = estimate(resnet50, batch_size=32)
+    d = e.to_json()
+    assert isinstance(d["estimate_mib"], int) and d["estimate_mib"] > 0
+    assert d["estimator"] == "layer-aware"
+    assert isinstance(d["margin_mib"], int)
+    assert isinstance(d["breakdown"], dict)
+    assert d["fingerprint"] == parse_summary(resnet50).fingerprint()
+    assert "uncertainty" in d
+
+
+def test_breakdown_adds_up_and_includes_margin(resnet50: str) -> None:
+    e = estimate(resnet50, batch_size=64)
+    assert abs(sum(e.breakdown.values()) - e.estimate_mib) <= 1.0
+    for key in ("cuda_context", "weights", "gradients", "optimizer_state", "activations",
+                "workspace", "margin"):
+        assert key in e.breakdown
+    assert e.breakdown["margin"] == pytest.approx(e.margin_mib, abs=1)
+
+
+@pytest.mark.parametrize("fname", sorted(p.name for p in DATA.iterdir()))
+def test_monotone_in_batch_and_optimizer(fname: str) -> None:
+    s = read_summary_file(DATA / fname)
+    sizes = [estimate(s, batch_size=b).estimate_mib for b in (1, 8, 64, 512)]
+    assert sizes == sorted(sizes)
+    opts = [estimate(s, batch_size=8, optimizer=o).estimate_mib
+            for o in ("sgd", "momentum", "adam")]
+    assert opts == sorted(opts)
+    assert estimate(s, batch_size=8, optimizer="adamw").estimate_mib == opts[2]
+
+
+def test_parameter_terms_are_exact(resnet50: str) -> None:
+    s = parse_summary(resnet50)
+    cal = load_calibration()
+    e = estimate(s, batch_size=1)
+    mib = s.total_params * 4 / 2**20
+    assert e.breakdown["weights"] == pytest.approx(cal.k_params * mib)
+    assert e.breakdown["optimizer_state"] == pytest.approx(cal.k_params * 3 * mib)  # m, v, step
+
+
+def test_mixed_precision_shrinks_activations_not_weights(resnet50: str) -> None:
+    fp32 = estimate(resnet50, batch_size=64)
+    amp = estimate(resnet50, batch_size=64, precision="amp-bf16")
+    assert amp.breakdown["activations"] < fp32.breakdown["activations"]
+    assert amp.breakdown["weights"] > fp32.breakdown["weights"]  # the half copy
+    assert any("mixed precision" in n for n in amp.uncertainty["notes"])  # type: ignore[union-attr]
+
+
+def test_sequence_length_for_shapeless_summaries() -> None:
+    text = (DATA / "bert_base_print.txt").read_text()
+    short = estimate(text, batch_size=16, seq_len=128)
+    long = estimate(text, batch_size=16, seq_len=512)
+    assumed = estimate(text, batch_size=16)
+    assert short.estimate_mib < long.estimate_mib
+    assert assumed.estimate_mib == long.estimate_mib  # bounded by 512 position embeddings
+    assert any("assumed 512" in n for n in assumed.uncertainty["notes"])  # type: ignore[union-attr]
+
+
+def test_horus_formula_verbatim() -> None:
+    text = (DATA / "mlp_colloc.json").read_text()
+    s = parse_summary(text)
+    acts = sum(la.out_elems(None) for la in s.leaves)
+    b, p = 10, s.total_params
+    expected = 4 * ((acts * b + p) + b * p) / 2**20
+    e = estimate(s, batch_size=b, estimator="horus")
+    assert e.estimate_mib == pytest.approx(expected, abs=1)
+
+
+def test_prior_calibration_used_without_file(tmp_path: Path, resnet50: str) -> None:
+    cal = load_calibration(tmp_path / "none.json")
+    assert cal is PRIOR
+    e = LayerAwareEstimator(cal).estimate(parse_summary(resnet50),
+                                          __import__("estimators").Job(batch_size=4))
+    assert any("uncalibrated" in n for n in e.uncertainty["notes"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch_size": 0}, "batch size"),
+        ({"batch_size": 10**9}, "batch size"),
+        ({"batch_size": 8, "optimizer": "lion"}, "optimizer"),
+        ({"batch_size": 8, "precision": "fp8"}, "precision"),
+        ({"batch_size": 8, "estimator": "magic"}, "unknown estimator"),
+        ({"batch_size": 8, "seq_len": 0}, "sequence length"),
+    ],
+)
+def test_bad_job_input(resnet50: str, kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(EstimatorInputError, match=match):
+        estimate(resnet50, **kwargs)  # type: ignore[arg-type]
+
+
+def test_history_measurement_wins(tmp_path: Path, resnet50: str) -> None:
+    store = SqliteHistory(tmp_path / "h" / "history.sqlite")
+    fp = parse_summary(resnet50).fingerprint()
+    assert store.lookup(fp, 32, None, "adam", "fp32") is None  # no db yet
+    store.record(fp, 32, None, "adam", "fp32", 7000, job_id="1")
+    store.record(fp, 32, None, "adam", "fp32", 6500, job_id="2")  # the larger peak is kept
+    e = estimate(resnet50, batch_size=32, history=store)
+    assert e.estimator == "history"
+    assert e.estimate_mib == 7000 + e.margin_mib
+    other = estimate(resnet50, batch_size=64, history=store)
+    assert other.estimator == "layer-aware"
+    assert store.lookup(fp.upper(), 32, None, "adam", "fp32") == 7000  # case-insensitive
+
+
+def test_registry_names() -> None:
+    assert {"layer-aware", "horus", "tracing"} <= set(estimator_names())
+
+
+def test_tracing_needs_a_factory(resnet50: str) -> None:
+    with pytest.raises(EstimatorInputError, match="model-factory"):
+        estimate(resnet50, batch_size=8, estimator="tracing")
+
+
+def test_allocator_rounding() -> None:
+    assert round_request(1) == 512
+    assert round_request(11 * 2**20 + 1) == 12 * 2**20
+    p = SegmentPacker()
+    p.add(3 * 2**20, count=2)  # two mid-size blocks share one 20 MiB segment
+    assert p.reserved() == 20 * 2**20
+
+
+def test_default_path_imports_no_torch_or_pandas() -> None:
+    code = ("import sys; from estimators import estimate; "
+            f"estimate(open({str(DATA / 'resnet50_torchinfo.txt')!r}).read(), batch_size=8); "
+            "bad = [m for m in ('torch', 'pandas', 'numpy') if m in sys.modules]; "
+            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=REPO, env={"PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout + r.stderr
