@@ -177,7 +177,8 @@ def _live_attempt(rec: CollocRecord | None, live: dict[str, Any], n: int,
     limit = meta.limit_mib if meta else None
     return Attempt(attempt=n, estimate=est, shards=ctx.shards or None, limit_mib=limit,
                    gpu=ctx.gpu, node=str(live.get("NodeList", "")) or None,
-                   start=(int(meta.start) if meta else None) or parse_time(str(live.get("StartTime", ""))))
+                   start=(int(meta.start) if meta else None)
+                   or parse_time(str(live.get("StartTime", ""))))
 
 
 def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
@@ -214,8 +215,10 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         if s is not None and s.rows:
             series[v.attempt] = s
             _apply_series(v, s)
-        if v.limit_mib is None and v.attempt in metas:
-            v.limit_mib = metas[v.attempt].limit_mib
+        meta = metas.get(v.attempt)
+        if meta is not None:
+            v.limit_mib = v.limit_mib or meta.limit_mib
+            v.start = v.start or int(meta.start) or None
     spg = cfg.gpu_memory_mib // cfg.shard_mib if cfg.gpu_memory_mib else None
     rep = JobReport(
         job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),

@@ -14,7 +14,7 @@ from rich.text import Text
 from slurm_colloc.report.model import AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 
-BAR = 40
+BAR = 30
 
 
 def _hms(s: int | None) -> str:
@@ -49,22 +49,23 @@ def _outcome_style(o: str) -> str:
     return "green" if o == "COMPLETED" else ("cyan" if o in ("RUNNING",) else "red")
 
 
+def _g(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}"
+
+
 def _detail_table(rep: JobReport) -> Table:
     t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("#", "node/GPU", "share (limit)", "estimate", "peak", "mean",
-                "SM act.", "energy", "shared with", "outcome"):
-        t.add_column(col, justify="right" if col in ("#", "peak", "mean", "energy") else "left")
+    for col in ("#", "GPU", "limit", "est.", "peak", "mean", "SM", "Wh", "shared with",
+                "outcome"):
+        t.add_column(col, justify="left" if col in ("shared with", "outcome") else "right",
+                     no_wrap=col != "shared with")
     for a in rep.attempts:
-        share = f"{a.shards} shards ({gib(a.limit_mib)})" if a.shards and a.limit_mib else (
-            "whole GPU" if a.shards is None and a.gpu is not None else gib(a.limit_mib))
         sm = "-" if a.sm_activity is None else f"{a.sm_activity:.0%}" + (
             "*" if a.sm_source == "utilization" else "")
         t.add_row(
-            str(a.attempt), f"{a.node or '?'}/{'?' if a.gpu is None else a.gpu}", share,
-            f"{gib(a.estimate_mib)} {a.estimator or ''}".strip() if a.estimate_mib else "-",
-            gib(a.peak_mib) if a.peak_mib is not None else "-",
-            gib(a.mean_mib) if a.mean_mib is not None else "-", sm,
-            f"{a.energy_j / 3.6e3:.2f} Wh" if a.energy_j else "-",
+            str(a.attempt), "?" if a.gpu is None else str(a.gpu), _g(a.limit_mib),
+            _g(a.estimate_mib), _g(a.peak_mib), _g(a.mean_mib), sm,
+            f"{a.energy_j / 3.6e3:.2f}" if a.energy_j else "-",
             ", ".join(a.co_tenants) or "alone", Text(a.outcome, style=_outcome_style(a.outcome)),
         )
     return t
@@ -132,7 +133,8 @@ def render(rep: JobReport) -> RenderableType:
         if final.energy_j:
             parts.append(Text(f"  {'GPU energy':<18} {final.energy_j / 3.6e3:.2f} Wh "
                               f"({final.energy_j / 1000:.1f} kJ, share of the GPU's)"))
-    parts += [Text(""), Text("Attempts", style="bold"), _detail_table(rep)]
+    parts += [Text(""), Text("Attempts (memory in GiB; * = utilization, not SM activity)",
+                   style="bold"), _detail_table(rep)]
     for a in rep.attempts:
         tl = _timeline(a)
         if tl:
