@@ -133,6 +133,28 @@ def run(console: Console, root: Path | None = None) -> int:
     else:
         console.print(f"[bold red]Not every job completed[/]: {final}; "
                       f"see {cluster.layout.log}/colloc.log")
+    _final_reports(console, cluster, cfg, ids)
     console.print("\nUse the cluster yourself:  eval \"$(.venv/bin/colloc devcluster env)\"; "
                   "squeue; sacct\nStop it:                   .venv/bin/colloc devcluster down")
     return 0 if ok else 1
+
+
+def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,
+                   ids: dict[str, int]) -> None:
+    """Scene 3: colloc-report of one collocated job and of the recovered job."""
+    from slurm_colloc.node.record_writer import TRIES
+    from slurm_colloc.report import model, text
+    from slurm_colloc.report.inquirer import SlurmInquirer
+
+    inquirer = SlurmInquirer(SlurmCli(env=cluster.env()), cfg.metrics_dir)
+    for name in ("resnet18-cifar", "bert-finetune"):
+        jid = ids[name]
+        console.rule(f"Scene 3: colloc-report {jid}  ({name})")
+        rep = model.build(str(jid), inquirer, cfg)
+        deadline = time.monotonic() + TRIES * 2
+        # the epilog's record reaches slurmdbd about a second after the job ends
+        while not (rep.attempts and rep.attempts[-1].samples) and time.monotonic() < deadline:
+            time.sleep(1)
+            rep = model.build(str(jid), inquirer, cfg)
+        console.print(text.render(rep))
+    console.print(f"\nHTML with plots: colloc-report {ids['bert-finetune']} --html report.html")

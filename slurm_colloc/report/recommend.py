@@ -77,8 +77,9 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
         need = math.ceil(f.peak_mib * (1 + MARGIN) / 1024)
         advice.append(f"The first estimate ({gib(first.estimate_mib or est)}) was too low: "
                       f"this job peaked at {gib(f.peak_mib)}. Next time submit with "
-                      f"--colloc-mem={need}G (peak + 10%) to share a GPU without a crash; "
-                      "a --colloc=SUMMARY run now uses this measured peak automatically.")
+                      f"--colloc-mem={need}G (peak + 10%) to share a GPU without a crash"
+                      + ("; a --colloc=SUMMARY rerun now uses this measured peak automatically."
+                         if (rep.submitted or {}).get("fingerprint") else "."))
     cap = f.limit_mib or rep.gpu_memory_mib
     sm = f.sm_activity
     if cap and sm is not None:
