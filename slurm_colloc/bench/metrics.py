@@ -1,0 +1,107 @@
+"""Per-policy metrics of one replay, computed from collected outcomes and GPU samples."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slurm_colloc.bench.collect import JobOutcome
+from slurm_colloc.bench.sampler import GpuPoint
+
+
+@dataclass(frozen=True)
+class PolicyMetrics:
+    """One row of the results table. Times are hours of the real (uncompressed) trace."""
+
+    trace: str
+    policy: str
+    jobs: int
+    completed: int
+    lost: int
+    makespan_h: float
+    mean_jct_h: float
+    p95_jct_h: float
+    mean_wait_h: float
+    gpu_busy_share: float
+    energy_kwh: float
+    oom_crashes: int
+    requeues: int
+    fallbacks: int
+    makespan_vs_whole: float
+    energy_vs_whole: float
+    wall_s: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); nan for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))
+    return s[k]
+
+
+def energy_between(points: Sequence[GpuPoint], t0: float, t1: float) -> float:
+    """Joules all GPUs' energy counters advanced between wall times t0 and t1."""
+    total = 0.0
+    for gpu in sorted({p.gpu for p in points}):
+        series = sorted((p.t, p.energy_j) for p in points if p.gpu == gpu)
+        total += _interp(series, t1) - _interp(series, t0)
+    return total
+
+
+def _interp(series: list[tuple[float, float]], t: float) -> float:
+    if not series:
+        return 0.0
+    if t <= series[0][0]:
+        return series[0][1]
+    for (ta, ea), (tb, eb) in itertools.pairwise(series):
+        if ta <= t <= tb:
+            return ea + (eb - ea) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+    return series[-1][1]
+
+
+def busy_share(points: Sequence[GpuPoint], t0: float, t1: float) -> float:
+    """Share of GPU samples in [t0, t1] with at least one process on the GPU."""
+    inside = [p for p in points if t0 <= p.t <= t1]
+    return sum(1 for p in inside if p.processes > 0) / len(inside) if inside else math.nan
+
+
+def policy_metrics(
+    trace: str, policy: str, outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
+    *, t0: float, scale: float, n_jobs: int, fallbacks: int, wall_s: float,
+) -> PolicyMetrics:
+    """Metrics of one policy; ``t0`` is the wall time of trace second 0."""
+    h = scale / 3600.0
+    done = [o for o in outcomes if not o.lost and o.end is not None]
+    ends = [o.end for o in outcomes if o.end is not None]
+    t_end = max(ends) if ends else t0
+    jct = [(o.end - o.submit) * h for o in done if o.end is not None]
+    waits = [(o.start - o.submit) * h for o in outcomes if o.start is not None]
+    return PolicyMetrics(
+        trace=trace, policy=policy, jobs=n_jobs, completed=len(done),
+        lost=n_jobs - len(done), makespan_h=(t_end - t0) * h,
+        mean_jct_h=sum(jct) / len(jct) if jct else math.nan, p95_jct_h=percentile(jct, 95),
+        mean_wait_h=sum(waits) / len(waits) if waits else math.nan,
+        gpu_busy_share=busy_share(points, t0, t_end),
+        energy_kwh=energy_between(points, t0, t_end) / 3.6e6,
+        oom_crashes=sum(o.oom_crashes for o in outcomes),
+        requeues=sum(o.requeues for o in outcomes), fallbacks=fallbacks,
+        makespan_vs_whole=math.nan, energy_vs_whole=math.nan, wall_s=wall_s,
+    )
+
+
+def relative_to(rows: list[PolicyMetrics], base: str = "whole-gpu") -> list[PolicyMetrics]:
+    """Fill the ``*_vs_whole`` ratios against the ``base`` policy's row."""
+    ref = next((r for r in rows if r.policy == base), None)
+    if ref is None:
+        return rows
+    from dataclasses import replace
+
+    return [
+        replace(r, makespan_vs_whole=r.makespan_h / ref.makespan_h if ref.makespan_h else math.nan,
+                energy_vs_whole=r.energy_kwh / ref.energy_kwh if ref.energy_kwh else math.nan)
+        for r in rows
+    ]

@@ -1,0 +1,67 @@
+"""How each policy submits a trace job: a registry of small policy objects.
+
+* ``whole-gpu``: today's practice, ``--gres=gpu:1``, plain Slurm (no colloc node scripts).
+* ``shards``: Slurm shards sized by the user's guess; no estimate, no MPS limits,
+  no recovery (plain Slurm: a job that runs out of GPU memory is lost).
+* ``colloc``: ``--colloc=SUMMARY --colloc-batch-size=N`` where a summary exists
+  (the default estimator runs in the cli_filter), else ``--colloc-mem=<guess>``;
+  MPS limits and OOM requeue on a whole GPU by colloc's node scripts.
+* ``colloc-oracle``: ``--colloc-mem=<true peak>``: the policy without estimator error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_colloc.bench.trace import TraceJob
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One way of submitting jobs, and the cluster it needs."""
+
+    name: str
+    label: str
+    node_scripts: bool
+    args: Callable[[TraceJob, Path | None, int], list[str]]
+    """(job, summary file or None, shard MiB) -> sbatch options."""
+
+
+def _whole(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
+    return ["--gres=gpu:1"]
+
+
+def _shards(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
+    return [f"--gres=shard:{max(1, math.ceil(job.guess_mib / shard_mib))}"]
+
+
+def _colloc(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
+    if summary is not None:
+        return [f"--colloc={summary}", f"--colloc-batch-size={job.batch_size}"]
+    return [f"--colloc-mem={job.guess_mib}M"]
+
+
+def _oracle(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
+    return [f"--colloc-mem={job.peak_mib}M"]
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("whole-gpu", "whole GPU (--gres=gpu:1)", False, _whole),
+        Policy("shards", "shards, user guess, no limits/recovery", False, _shards),
+        Policy("colloc", "slurm-colloc, default estimator", True, _colloc),
+        Policy("colloc-oracle", "slurm-colloc, oracle memory", True, _oracle),
+    )
+}
+
+
+def get(names: list[str]) -> list[Policy]:
+    """Policies by name; an unknown name is an error, never a silent default."""
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    return [POLICIES[n] for n in names]

@@ -1,0 +1,238 @@
+"""Replay a trace through real Slurm: one devcluster per policy, all in the same run.
+
+Each policy gets its own devcluster (own root, ports and simulated GPUs) so the
+policies see the same arrivals at the same wall times and the same machine load.
+Arrivals are compressed by ``time_scale`` (trace seconds per wall second); the
+simulated GPUs use the same scale, so a job's work, its slowdown from co-tenants and
+the GPUs' energy counters are all in trace time. Slurm's own latencies (scheduler
+passes, prolog/epilog, the 10 s requeue delay) are *not* compressed: they cost
+``time_scale`` times more trace time than on a real cluster, which penalises every
+policy per job start and recovery more than reality does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_colloc.bench.collect import JobOutcome, collect, records_settled
+from slurm_colloc.bench.policies import Policy
+from slurm_colloc.bench.sampler import GpuSampler
+from slurm_colloc.bench.trace import Trace, TraceJob
+from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.devcluster.layout import Layout, Spec
+from slurm_colloc.gpu.sim.state import init_state
+from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmCli, SlurmError
+
+log = logging.getLogger("colloc.bench")
+REJECTED_TOO_BIG = "offers at most"
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How to run a replay."""
+
+    time_scale: float = 120.0
+    root_base: str = "/var/lib/colloc-replay"
+    port_base: int = 51810
+    keep_clusters: bool = False
+    poll_s: float = 2.0
+    timeout_s: float = 3600.0
+    settle_s: float = 60.0
+    estimator_command: str = ""
+    """Program the cli_filter runs as the estimator ('' = the installed ``colloc``)."""
+
+
+@dataclass
+class PolicyRun:
+    """One policy's replay of one trace."""
+
+    policy: Policy
+    cluster: Cluster
+    workdir: Path
+    jobs: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)
+    """Jobs whose estimate exceeded a GPU: the user resubmitted with --gres=gpu:1."""
+    submit_errors: dict[str, str] = field(default_factory=dict)
+    sampler: GpuSampler | None = None
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    finished_wall: float = 0.0
+    error: str = ""
+
+
+def cluster_for(trace: Trace, policy: Policy, index: int, cfg: ReplayConfig) -> Cluster:
+    """The devcluster of policy number ``index``: its own root and port block."""
+    base = cfg.port_base + 10 * index
+    spec = Spec(
+        gpus=trace.gpus, gpu_memory_mib=trace.gpu_memory_mib, cpus=96, memory_mib=98304,
+        cluster_name=f"replay{index}", ctld_port=base, slurmd_port=base + 1,
+        dbd_port=base + 2, mysql_port=base + 3, node_scripts=policy.node_scripts,
+    )
+    return Cluster(Layout(Path(f"{cfg.root_base}-{policy.name}")), spec)
+
+
+def job_script(job: TraceJob) -> str:
+    """The batch script: a simulated training job with the job's true profile."""
+    simjob = Path(sys.executable).parent / "colloc-simjob"
+    argv = [
+        str(simjob), "--mem", f"{job.steady_mib}M", "--peak", f"{job.peak_mib}M",
+        "--peak-at", f"{job.peak_at}", "--sm-activity", f"{job.sm_pct}",
+        "--seconds", f"{job.work_s}",
+    ]
+    return (
+        "#!/bin/bash\n"
+        f"# trace job {job.name}: {job.model} batch {job.batch_size} ({job.source})\n"
+        'echo "attempt ${SLURM_RESTART_COUNT:-0} GPU ${CUDA_VISIBLE_DEVICES:-none} '
+        'limit ${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-none}"\n'
+        f"exec {shlex.join(argv)}\n"
+    )
+
+
+class Replayer:
+    """Bring clusters up, submit the trace to each policy, wait, collect."""
+
+    def __init__(self, trace: Trace, policies: list[Policy], cfg: ReplayConfig,
+                 summaries: dict[str, str]) -> None:
+        """Plan the runs; nothing starts until :meth:`run`."""
+        self.trace, self.cfg, self.summaries = trace, cfg, summaries
+        self.runs = [
+            PolicyRun(p, cluster_for(trace, p, i, cfg),
+                      Path(f"{cfg.root_base}-{p.name}") / "replay")
+            for i, p in enumerate(policies)
+        ]
+        self.t0 = 0.0
+        self.wall_s = 0.0
+
+    # ------------------------------------------------------------------ clusters
+    def up(self) -> None:
+        """Bring every policy's cluster up (one after the other: 2-core machine)."""
+        for r in self.runs:
+            r.cluster.down()
+            secs = r.cluster.up(timeout=120)
+            init_state(r.cluster.layout.sim, gpu_count=self.trace.gpus,
+                       memory_mib=self.trace.gpu_memory_mib, time_scale=self.cfg.time_scale)
+            r.workdir.mkdir(parents=True, exist_ok=True)
+            r.workdir.chmod(0o1777)
+            log.info("%s: cluster up in %.0fs at %s", r.policy.name, secs, r.cluster.layout.root)
+
+    def down(self) -> None:
+        """Stop every cluster (keeps nothing but what was collected)."""
+        for r in self.runs:
+            r.cluster.down()
+
+    # ------------------------------------------------------------------ one policy
+    def _summary_file(self, r: PolicyRun, job: TraceJob) -> Path | None:
+        if not job.summary or job.summary not in self.summaries:
+            return None
+        p = r.workdir / "summaries" / f"{job.summary}.txt"
+        if not p.exists():
+            p.parent.mkdir(exist_ok=True)
+            p.write_text(self.summaries[job.summary])
+        return p
+
+    def _sbatch(self, r: PolicyRun, job: TraceJob, args: list[str]) -> tuple[int | None, str]:
+        script = r.workdir / f"{job.name}.sbatch"
+        script.write_text(job_script(job))
+        out = r.workdir / f"{job.name}.out"
+        r.outputs[job.name] = out
+        env = r.cluster.env()
+        if self.cfg.estimator_command:
+            env["COLLOC_ESTIMATOR_COMMAND"] = self.cfg.estimator_command
+        argv = ["sbatch", "--parsable", f"--job-name={job.name}", f"--output={out}",
+                "--open-mode=append", f"--chdir={r.workdir}", *args, str(script)]
+        cp = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
+                            timeout=120)
+        if cp.returncode != 0:
+            return None, (cp.stderr.strip() or cp.stdout.strip())[:500]
+        return int(cp.stdout.strip().split(";")[0]), ""
+
+    def _submit_all(self, r: PolicyRun) -> None:
+        shard_mib = r.cluster.spec.shard_mib
+        for job in sorted(self.trace.jobs, key=lambda j: j.arrival_s):
+            delay = self.t0 + job.arrival_s / self.cfg.time_scale - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            args = r.policy.args(job, self._summary_file(r, job), shard_mib)
+            jid, err = self._sbatch(r, job, args)
+            if jid is None and REJECTED_TOO_BIG in err:
+                r.fallbacks.append(job.name)  # what a user does next
+                jid, err = self._sbatch(r, job, ["--gres=gpu:1"])
+            if jid is None:
+                r.submit_errors[job.name] = err
+                log.warning("%s: %s: sbatch failed: %s", r.policy.name, job.name, err)
+            else:
+                r.jobs[job.name] = jid
+
+    def _states(self, slurm: SlurmCli) -> dict[str, str]:
+        cp = slurm.run("squeue", "-h", "-t", "all", "-o", "%i|%T", check=False)
+        out = {}
+        for line in cp.stdout.splitlines():
+            jid, _, state = line.partition("|")
+            out[jid.strip()] = state.strip()
+        return out
+
+    def _wait(self, r: PolicyRun, slurm: SlurmCli) -> None:
+        ids = {str(j) for j in r.jobs.values()}
+        deadline = time.monotonic() + self.cfg.timeout_s
+        stable = 0
+        while time.monotonic() < deadline:
+            states = self._states(slurm)
+            gone = [j for j in ids if j not in states]
+            done = all(states.get(j, "COMPLETED") in TERMINAL_STATES for j in ids)
+            if done and gone:  # purged from the controller: accounting must agree
+                acc = {a.job_id: a.state.split()[0] for a in slurm.accounting(gone)}
+                done = all(acc.get(j, "") in TERMINAL_STATES for j in gone)
+            stable = stable + 1 if done else 0
+            if stable >= 3:  # an epilog requeue turns a finished job PENDING again
+                r.finished_wall = time.time()
+                return
+            time.sleep(self.cfg.poll_s)
+        r.error = f"timed out after {self.cfg.timeout_s:.0f}s"
+
+    def _run_policy(self, r: PolicyRun) -> None:
+        slurm = SlurmCli(env=r.cluster.env())
+        try:
+            self._submit_all(r)
+            self._wait(r, slurm)
+            deadline = time.monotonic() + self.cfg.settle_s
+            while (r.policy.node_scripts and not records_settled(slurm, r.jobs)
+                   and time.monotonic() < deadline):
+                time.sleep(2)
+            r.outcomes = collect(slurm, r.jobs, r.outputs)
+        except (SlurmError, OSError, subprocess.SubprocessError) as e:
+            r.error = f"{type(e).__name__}: {e}"
+            log.error("%s: replay failed: %s", r.policy.name, r.error)
+
+    # ------------------------------------------------------------------ all
+    def run(self) -> None:
+        """Replay the trace on every policy at once; blocks until all finished."""
+        for r in self.runs:
+            r.sampler = GpuSampler(r.cluster.layout.sim, period=1.0)
+        # start a little ahead so every thread is ready for the first arrival
+        self.t0 = float(math.floor(time.time()) + 2)  # sacct has whole seconds
+        for r in self.runs:
+            assert r.sampler is not None
+            r.sampler.start()
+        threads = [threading.Thread(target=self._run_policy, args=(r,), name=r.policy.name)
+                   for r in self.runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in self.runs:
+            assert r.sampler is not None
+            r.sampler.stop()
+        self.wall_s = time.time() - self.t0
+
+
+def trace_hours(wall_s: float, scale: float) -> float:
+    """Wall seconds of the compressed replay as hours of the real trace."""
+    return wall_s * scale / 3600.0 if math.isfinite(wall_s) else math.nan

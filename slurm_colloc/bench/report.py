@@ -1,0 +1,83 @@
+"""Results files: per-policy CSV, per-job CSV, GPU time series CSV, markdown table."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from slurm_colloc.bench.collect import JobOutcome
+from slurm_colloc.bench.metrics import PolicyMetrics
+from slurm_colloc.bench.sampler import GpuPoint
+
+
+def metrics_csv(rows: Sequence[PolicyMetrics]) -> str:
+    """One line per policy."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[f.name for f in fields(PolicyMetrics)],
+                       lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (round(v, 4) if isinstance(v, float) else v)
+                    for k, v in asdict(r).items()})
+    return buf.getvalue()
+
+
+def outcomes_csv(policy_outcomes: Mapping[str, Sequence[JobOutcome]], t0: float,
+                 scale: float) -> str:
+    """One line per job and policy; times in trace hours after trace start."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["policy", "job", "job_id", "state", "attempts", "submit_h", "start_h", "end_h",
+                "oom_crashes", "requeues", "gres", "need_mib", "mode"])
+    h = scale / 3600.0
+
+    def rel(t: float | None) -> str:
+        return "" if t is None else f"{(t - t0) * h:.3f}"
+
+    for policy, outs in policy_outcomes.items():
+        for o in outs:
+            w.writerow([policy, o.name, o.job_id, o.state, o.attempts, rel(o.submit),
+                        rel(o.start), rel(o.end), o.oom_crashes, o.requeues, o.gres,
+                        o.need_mib if o.need_mib is not None else "", o.mode])
+    return buf.getvalue()
+
+
+def timeseries_csv(policy_points: Mapping[str, Sequence[GpuPoint]], t0: float,
+                   scale: float) -> str:
+    """GPU samples; ``t_h`` = trace hours after trace start."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["policy", "t_h", "gpu", "memory_mib", "sm_pct", "power_w", "energy_j",
+                "processes"])
+    for policy, pts in policy_points.items():
+        for p in pts:
+            w.writerow([policy, f"{(p.t - t0) * scale / 3600:.4f}", p.gpu, p.memory_mib,
+                        f"{p.sm_pct:.1f}", f"{p.power_w:.1f}", f"{p.energy_j:.0f}", p.processes])
+    return buf.getvalue()
+
+
+def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
+    """The results table as GitHub markdown."""
+    head = ("| policy | done/jobs | lost | makespan h | vs whole | mean JCT h | p95 JCT h "
+            "| mean wait h | GPU busy | energy kWh | vs whole | OOM crashes | requeues "
+            "| fallbacks | wall s |")
+    sep = "|" + "---|" * 15
+    lines = [head, sep]
+    for r in rows:
+        lines.append(
+            f"| {r.policy} | {r.completed}/{r.jobs} | {r.lost} | {r.makespan_h:.2f} "
+            f"| {r.makespan_vs_whole:.2f}x | {r.mean_jct_h:.2f} | {r.p95_jct_h:.2f} "
+            f"| {r.mean_wait_h:.2f} | {r.gpu_busy_share:.0%} | {r.energy_kwh:.1f} "
+            f"| {r.energy_vs_whole:.2f}x | {r.oom_crashes} | {r.requeues} | {r.fallbacks} "
+            f"| {r.wall_s:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write, creating the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

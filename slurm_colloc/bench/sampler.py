@@ -1,0 +1,66 @@
+"""GPU time series of one simulated node, sampled like a DCGM exporter would."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_colloc.gpu.backend import GpuBackendError
+from slurm_colloc.gpu.sim.backend import SimBackend
+
+
+@dataclass(frozen=True)
+class GpuPoint:
+    """One sample of one GPU."""
+
+    t: float
+    """Unix time (wall)."""
+    gpu: int
+    memory_mib: int
+    sm_pct: float
+    power_w: float
+    energy_j: float
+    """Cumulative energy counter, joules of *trace* time (the sim integrates power over
+    the time scale, as the real GPU would over the uncompressed run)."""
+    processes: int
+
+
+class GpuSampler:
+    """A background thread sampling every GPU of a sim state dir every ``period`` s."""
+
+    def __init__(self, state_dir: Path, period: float = 1.0) -> None:
+        """Open the sim backend now (a bad state dir fails before the replay)."""
+        self.backend = SimBackend(state_dir)
+        self.period = period
+        self.points: list[GpuPoint] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+
+    def sample_once(self) -> None:
+        """Take one sample of every GPU."""
+        try:
+            samples = self.backend.sample_all()
+        except (GpuBackendError, OSError):
+            return
+        for s in samples:
+            self.points.append(GpuPoint(
+                s.timestamp, s.index, s.memory_used_mib, s.sm_activity_pct or 0.0,
+                s.power_w or 0.0, s.energy_j or 0.0, len(s.processes),
+            ))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample_once()
+            self._stop.wait(self.period)
+
+    def start(self) -> None:
+        """Start sampling."""
+        self.sample_once()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and take a last sample."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample_once()
