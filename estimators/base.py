@@ -51,6 +51,12 @@ class Estimate:
     fingerprint: str
     uncertainty: dict[str, object] = field(default_factory=dict)
 
+    @property
+    def notes(self) -> list[str]:
+        """The uncertainty notes (assumptions the estimate rests on)."""
+        notes = self.uncertainty.get("notes", [])
+        return [str(n) for n in notes] if isinstance(notes, list) else []
+
     def to_json(self) -> dict[str, object]:
         """The ``colloc estimate --json`` object (a stable contract)."""
         return {

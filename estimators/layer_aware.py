@@ -58,7 +58,8 @@ class Calibration:
             margin_rel=float(d["margin"]["rel"]),
             margin_abs_mib=float(d["margin"]["abs_mib"]),
             interval=(float(d["interval"][0]), float(d["interval"][1])),
-            context_by_dataset={str(a): float(b) for a, b in d.get("context_by_dataset", {}).items()},
+            context_by_dataset={
+                str(a): float(b) for a, b in d.get("context_by_dataset", {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:

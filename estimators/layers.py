@@ -14,6 +14,7 @@ only, so a custom layer falls into ``other`` (counted like an ordinary layer).
 
 from __future__ import annotations
 
+import functools
 import re
 
 CATEGORIES = (
@@ -78,6 +79,7 @@ def is_container_type(type_name: str) -> bool:
     return bool(_CONTAINERS.match(type_name)) and category(type_name) == "other"
 
 
+@functools.lru_cache(maxsize=4096)
 def category(type_name: str) -> str:
     """The backward-memory category of a layer type name (``other`` if unknown)."""
     for cat, rx in _RULES:
@@ -86,6 +88,7 @@ def category(type_name: str) -> str:
     return "other"
 
 
+@functools.lru_cache(maxsize=4096)
 def leaf_category(type_name: str, params: int) -> str:
     """Category of a leaf row: an unknown type that owns parameters is a hidden block."""
     cat = category(type_name)

@@ -36,7 +36,8 @@ def parse_summary(text: str, fmt: str | None = None) -> ModelSummary:
         raise SummaryParseError("summary contains NUL bytes: not a text summary")
     if fmt is not None:
         if fmt not in FORMATS:
-            raise EstimatorInputError(f"unknown summary format {fmt!r}; known: {', '.join(FORMATS)}")
+            raise EstimatorInputError(
+                f"unknown summary format {fmt!r}; known: {', '.join(FORMATS)}")
         return FORMATS[fmt][1](text)
     for detect, parse in FORMATS.values():
         if detect(text):

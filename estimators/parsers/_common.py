@@ -27,8 +27,15 @@ def parse_count(tok: str, line_no: int, line: str) -> int:
     raise SummaryParseError(f"not a parameter count ({t!r})", line_no=line_no, line=line)
 
 
+_TOKENS = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]|[^\s\[\]]+")
+
+
 def split_brackets(text: str, open_ch: str = "[", close_ch: str = "]") -> list[str]:
     """Tokens of ``text``: balanced bracket groups stay whole, the rest splits on spaces."""
+    if open_ch == "[" and text.count("[") == text.count("]"):
+        toks = _TOKENS.findall(text)
+        if sum(len(t) for t in toks) == len(text) - sum(c.isspace() for c in text):
+            return toks  # fast path: everything tokenised (nesting at most two deep)
     out: list[str] = []
     i, n = 0, len(text)
     while i < n:

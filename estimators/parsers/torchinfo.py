@@ -120,6 +120,7 @@ def parse(text: str) -> ModelSummary:
 def _seq_len(layers: list[Layer]) -> int | None:
     """Token models: the sequence length is the first dim of an Embedding's output."""
     for layer in layers:
-        if "embedding" in layer.type.lower() and layer.output_shape and len(layer.output_shape) == 2:
-            return layer.output_shape[0]
+        shape = layer.output_shape
+        if "embedding" in layer.type.lower() and shape and len(shape) == 2:
+            return shape[0]
     return None

@@ -95,9 +95,9 @@ def test_history_hook_through_cli(tmp_path: Path) -> None:
 
     fp = read_summary_file(DATA / "keras2_cnn.txt").fingerprint()
     SqliteHistory(tmp_path / "history.sqlite").record(fp, 8, None, "adam", "fp32", 1234)
-    code, out, _ = run("--summary", str(DATA / "keras2_cnn.txt"), "--batch-size", "8", "--json")
+    _, out, _ = run("--summary", str(DATA / "keras2_cnn.txt"), "--batch-size", "8", "--json")
     assert json.loads(out)["estimator"] == "history"
-    code, out, _ = run("--summary", str(DATA / "keras2_cnn.txt"), "--batch-size", "8", "--json",
+    _code, out, _ = run("--summary", str(DATA / "keras2_cnn.txt"), "--batch-size", "8", "--json",
                        "--no-history")
     assert json.loads(out)["estimator"] == "layer-aware"
 

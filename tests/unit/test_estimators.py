@@ -73,7 +73,7 @@ def test_mixed_precision_shrinks_activations_not_weights(resnet50: str) -> None:
     amp = estimate(resnet50, batch_size=64, precision="amp-bf16")
     assert amp.breakdown["activations"] < fp32.breakdown["activations"]
     assert amp.breakdown["weights"] > fp32.breakdown["weights"]  # the half copy
-    assert any("mixed precision" in n for n in amp.uncertainty["notes"])  # type: ignore[union-attr]
+    assert any("mixed precision" in n for n in amp.notes)
 
 
 def test_sequence_length_for_shapeless_summaries() -> None:
@@ -83,7 +83,7 @@ def test_sequence_length_for_shapeless_summaries() -> None:
     assumed = estimate(text, batch_size=16)
     assert short.estimate_mib < long.estimate_mib
     assert assumed.estimate_mib == long.estimate_mib  # bounded by 512 position embeddings
-    assert any("assumed 512" in n for n in assumed.uncertainty["notes"])  # type: ignore[union-attr]
+    assert any("assumed 512" in n for n in assumed.notes)
 
 
 def test_horus_formula_verbatim() -> None:
@@ -101,7 +101,7 @@ def test_prior_calibration_used_without_file(tmp_path: Path, resnet50: str) -> N
     assert cal is PRIOR
     e = LayerAwareEstimator(cal).estimate(parse_summary(resnet50),
                                           __import__("estimators").Job(batch_size=4))
-    assert any("uncalibrated" in n for n in e.uncertainty["notes"])  # type: ignore[union-attr]
+    assert any("uncalibrated" in n for n in e.notes)
 
 
 @pytest.mark.parametrize(
