@@ -61,7 +61,7 @@ def test_philly90_shape_and_reproducible() -> None:
 def test_guess_rounded_to_gib() -> None:
     import random
 
-    rng = random.Random(0)  # noqa: S311
+    rng = random.Random(0)
     for _ in range(100):
         g = generators.user_guess(rng, 5000, 40960)
         assert g % 1024 == 0 and 1024 <= g <= 40960
