@@ -48,31 +48,27 @@ def load_pairs(data_dir: Path) -> pd.DataFrame:
     )
 
 
-def _predict(S: np.ndarray, c: np.ndarray, a: np.ndarray) -> np.ndarray:
+def _predict(S: np.ndarray, c: np.ndarray | float, a: np.ndarray | float) -> np.ndarray:
     return np.minimum(1.0, c / S) ** a
 
 
+def _grid_best(
+    S: np.ndarray, y: np.ndarray, cs: np.ndarray, al: np.ndarray
+) -> tuple[float, float, float]:
+    C, A = np.meshgrid(cs, al, indexing="ij")
+    mae = np.abs(_predict(S[None, None, :], C[..., None], A[..., None]) - y).mean(axis=-1)
+    i = np.unravel_index(np.argmin(mae), mae.shape)
+    return float(mae[i]), float(C[i]), float(A[i])
+
+
 def fit(frame: pd.DataFrame) -> InterferenceModel:
-    """Grid search (coarse, then fine) for C and alpha minimising MAE."""
+    """Grid search (coarse, then fine around the best) for C and alpha minimising MAE."""
     S, y = frame.S.to_numpy(), frame.y.to_numpy()
-    best = (np.inf, 100.0, 1.0)
-    for cs, al in (
-        (np.arange(50, 200, 2.0), np.arange(0.05, 3.0, 0.05)),
-        (None, None),
-    ):
-        if cs is None:
-            c0, a0 = best[1], best[2]
-            cs, al = (
-                np.arange(c0 - 3, c0 + 3, 0.25),
-                np.arange(max(0.01, a0 - 0.1), a0 + 0.1, 0.005),
-            )
-        C, A = np.meshgrid(cs, al, indexing="ij")
-        pred = _predict(S[None, None, :], C[..., None], A[..., None])
-        mae = np.abs(pred - y).mean(axis=-1)
-        i = np.unravel_index(np.argmin(mae), mae.shape)
-        if mae[i] < best[0]:
-            best = (float(mae[i]), float(C[i]), float(A[i]))
-    return InterferenceModel(capacity_pct=round(best[1], 1), alpha=round(best[2], 3))
+    _, c0, a0 = _grid_best(S, y, np.arange(50, 200, 2.0), np.arange(0.05, 3.0, 0.05))
+    _, c, a = _grid_best(
+        S, y, np.arange(c0 - 3, c0 + 3, 0.25), np.arange(max(0.01, a0 - 0.1), a0 + 0.1, 0.005)
+    )
+    return InterferenceModel(capacity_pct=round(c, 1), alpha=round(a, 3))
 
 
 def errors(frame: pd.DataFrame, predict: Callable[[float], float]) -> dict[str, float]:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from slurm_colloc.gpu.sim.mps_protocol import (
     END,
@@ -139,8 +139,11 @@ class Daemon:
         self.running = True
         self.sel = selectors.DefaultSelector()
         sock_path = pipe_dir / SOCKET_NAME
-        with contextlib.suppress(MpsError):
+        try:
             connect(pipe_dir, timeout=1.0).close()
+        except MpsError:
+            pass  # nobody answers: a stale socket at most, replaced below
+        else:
             raise MpsError(f"An instance of this daemon is already running ({sock_path})")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
@@ -161,16 +164,29 @@ class Daemon:
     def _active(self) -> Server | None:
         return self.servers[0] if self.servers else None
 
+    def _spawn(self, uid: int) -> subprocess.Popen[bytes]:
+        """Start an idle stand-in server process, as ``uid`` when we are root.
+
+        If the interpreter cannot be run as that user (a venv under a 0700 home, say),
+        the server runs as the daemon's user instead and the log says so: the
+        one-server-per-UID bookkeeping, which is what matters here, is unchanged.
+        """
+        argv = [sys.executable, "-c", _SERVER_CODE, "nvidia-cuda-mps-server(sim)"]
+        kw: dict[str, Any] = {
+            "stdin": subprocess.DEVNULL,
+            "stdout": subprocess.DEVNULL,
+            "stderr": subprocess.DEVNULL,
+            "close_fds": True,
+        }
+        if os.geteuid() == 0 and uid != 0:
+            try:
+                return subprocess.Popen(argv, user=uid, **kw)
+            except OSError as e:
+                self.log.ctl(f"Cannot run server as user {uid} ({e}); running it as uid 0")
+        return subprocess.Popen(argv, **kw)
+
     def _start_server(self, uid: int) -> Server:
-        user = uid if os.geteuid() == 0 and uid != os.geteuid() else None
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER_CODE, "nvidia-cuda-mps-server(sim)"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            user=user,
-            close_fds=True,
-        )
+        proc = self._spawn(uid)
         server = Server(uid, proc, self.default_pct, dict(self.default_limits))
         self.servers.append(server)
         self.log.ctl(f"Starting new server {proc.pid} for user {uid}")

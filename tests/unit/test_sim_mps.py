@@ -1,0 +1,190 @@
+"""The nvidia-cuda-mps-control stand-in: daemon start, commands, per-UID servers, quit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_colloc.gpu.sim.mps_protocol import parse_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"),
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    return env
+
+
+def control(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_colloc.gpu.sim.mps_control", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    env = env_for(tmp_path)
+    r = control(env, "-d")
+    assert r.returncode == 0, r.stderr
+    yield env
+    control(env, stdin="quit\n")
+
+
+def client(pipe: str, device: int = 0) -> tuple[socket.socket, str]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.path.join(pipe, "control"))
+    s.sendall(f"CLIENT {device}\n".encode())
+    s.settimeout(5)
+    return s, s.makefile().readline().strip()
+
+
+def test_daemon_creates_socket_pidfile_and_log(tmp_path, daemon):
+    pipe = tmp_path / "pipe"
+    assert (pipe / "control").exists()
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    os.kill(pid, 0)
+    log = (tmp_path / "log" / "control.log").read_text()
+    assert f"Control {pid}] Starting control daemon" in log
+    second = control(daemon, "-d")  # one daemon per pipe dir
+    assert second.returncode != 0 and "already running" in second.stderr
+
+
+def test_commands_and_defaults(daemon):
+    r = control(
+        daemon,
+        stdin="set_default_device_pinned_mem_limit 0 8G\nget_default_device_pinned_mem_limit 0\n"
+        "set_default_active_thread_percentage 40\nget_default_active_thread_percentage\n"
+        "get_server_list\nno_such_command\nset_default_device_pinned_mem_limit 0 lots\n",
+    )
+    lines = r.stdout.splitlines()
+    assert lines[0] == "8192M" and lines[1] == "40.0"
+    assert "Unrecognized command: no_such_command" in lines[2]
+    assert "invalid arguments" in lines[3]
+
+
+def test_start_server_and_client_get_defaults(daemon):
+    control(
+        daemon, stdin=f"set_default_device_pinned_mem_limit 0 4G\nstart_server -uid {os.getuid()}\n"
+    )
+    pids = control(daemon, stdin="get_server_list\n").stdout.split()
+    assert len(pids) == 1
+    os.kill(int(pids[0]), 0)  # a live server process
+    s, line = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
+    grant = parse_ready(line)
+    assert grant.server_pid == int(pids[0])
+    assert grant.limit_mib == 4096 and grant.active_thread_pct == 100
+    assert control(daemon, stdin=f"get_client_list {pids[0]}\n").stdout.split() == [
+        str(os.getpid())
+    ]
+    # defaults change later apply to the next server only
+    control(daemon, stdin="set_default_device_pinned_mem_limit 0 2G\n")
+    s2, line2 = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
+    assert parse_ready(line2).limit_mib == 4096
+    s.close()
+    s2.close()
+    time.sleep(0.4)
+    assert control(daemon, stdin=f"get_client_list {pids[0]}\n").stdout.strip() == ""
+
+
+def test_client_starts_server_on_demand_and_quit_stops_everything(tmp_path, daemon):
+    s, line = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
+    server_pid = parse_ready(line).server_pid
+    r = control(daemon, stdin="quit\n")
+    assert r.returncode == 0
+    deadline = time.time() + 5
+    while (tmp_path / "pipe" / "control").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not (tmp_path / "pipe" / "control").exists()
+    assert not (tmp_path / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(server_pid, 0)
+            time.sleep(0.05)
+    s.close()
+    log = (tmp_path / "log" / "control.log").read_text()
+    assert f"Server {server_pid} exited with status" in log and "Exit" in log
+
+
+def test_ui_without_daemon_fails(tmp_path):
+    r = control(env_for(tmp_path), stdin="get_server_list\n")
+    assert r.returncode == 1 and "Cannot find MPS control daemon" in r.stderr
+
+
+def _client_as(uid: int, pipe: str, hold_s: float, wfd: int) -> None:
+    """Forked child: become `uid`, register, report every line, hold, exit."""
+    os.setgid(65534)
+    os.setuid(uid)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.path.join(pipe, "control"))
+    s.sendall(b"CLIENT 0\n")
+    f = s.makefile()
+    while True:
+        line = f.readline()
+        os.write(wfd, f"{time.monotonic():.3f} {line}".encode())
+        if not line or line.startswith("READY"):
+            break
+    time.sleep(hold_s)
+    os._exit(0)
+
+
+@pytest.fixture
+def shared_daemon():
+    """A daemon in a directory another user can reach (pytest's tmp dirs are 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="colloc-mps-test-"))
+    os.chmod(d, 0o755)
+    env = env_for(d)
+    assert control(env, "-d").returncode == 0
+    os.chmod(d / "pipe", 0o755)
+    yield d, env
+    control(env, stdin="quit\n")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two users")
+def test_second_uid_waits_until_first_uids_clients_are_gone(shared_daemon):
+    d, env = shared_daemon
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    first, line = client(pipe)  # uid 0
+    first_server = parse_ready(line).server_pid
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            first.close()  # else the child keeps uid 0's client connection alive
+            _client_as(65534, pipe, 0.5, w)
+        finally:
+            os._exit(1)
+    os.close(w)
+    reader = os.fdopen(r)
+    wait_line = reader.readline().split()
+    assert wait_line[1:] == ["WAIT", "0", str(first_server), "1"]
+    time.sleep(0.5)
+    released = time.monotonic()
+    first.close()  # the first user's only client goes away
+    ready = reader.readline().split()
+    assert ready[1] == "READY" and float(ready[0]) >= released - 0.01
+    assert int(ready[2]) != first_server
+    os.waitpid(pid, 0)
+    servers = control(env, stdin="get_server_list\n").stdout.split()
+    assert str(first_server) not in servers
+    log = (d / "log" / "control.log").read_text()
+    assert "Starting new server" in log and "for user 65534" in log
