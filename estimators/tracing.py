@@ -63,12 +63,17 @@ class TracingEstimator:
             opt = opt_cls(model.parameters(), **kw)
             mt = MemTracker()
             mt.track_external(model, opt)
-            with mt:
-                for _ in range(2):  # the second step has optimizer state allocated
-                    out = model(x)
-                    out.float().sum().backward()
-                    opt.step()
-                    opt.zero_grad()
+            try:
+                with mt:
+                    for step in range(2):  # the second step has optimizer state allocated
+                        out = model(x)
+                        out.float().sum().backward()
+                        opt.step()
+                        opt.zero_grad()
+                        if step == 0:
+                            mt.reset_mod_stats()
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+                raise EstimatorInputError(f"tracing {self.factory} failed: {e}") from e
             peak = mt.get_tracker_snapshot("peak")
         traced = max((sum(v.values()) for v in peak.values()), default=0) / MIB
         ctx = load_calibration().context_mib

@@ -159,3 +159,19 @@ def test_default_path_imports_no_torch_or_pandas() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO, env={"PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_tracing_estimator_with_torch(tmp_path: Path, resnet50: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only where torch is installed (the optional ``torch`` extra)."""
+    pytest.importorskip("torch")
+    (tmp_path / "tiny_factory.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(256, 10))\n"
+        "    return m, torch.randn(1, 64)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    e = estimate(resnet50, batch_size=8, estimator="tracing", model_factory="tiny_factory:make")
+    assert e.estimator == "tracing"
+    assert e.breakdown["traced_tensors"] > 0
