@@ -96,6 +96,19 @@ def job_script(job: TraceJob) -> str:
     )
 
 
+def whole_gpu_args(rejected: list[str], trace: Trace) -> list[str]:
+    """A whole GPU for a job job_submit refused as larger than one GPU.
+
+    On a colloc node a whole GPU is all of its shards (``--colloc-mem`` = the GPU's
+    memory), never ``--gres=gpu:1``: Slurm 22.05 does not keep gres/gpu and gres/shard
+    jobs off each other's device, and a gpu:1 job was seen placed on a GPU that
+    shard jobs were using (it then ran out of memory next to them).
+    """
+    if any(a.startswith("--colloc") for a in rejected):
+        return [f"--colloc-mem={trace.gpu_memory_mib}M"]
+    return ["--gres=gpu:1"]
+
+
 class Replayer:
     """Bring clusters up, submit the trace to each policy, wait, collect."""
 
@@ -163,8 +176,8 @@ class Replayer:
             args = r.policy.args(job, self._summary_file(r, job), shard_mib)
             jid, err = self._sbatch(r, job, args)
             if jid is None and REJECTED_TOO_BIG in err:
-                r.fallbacks.append(job.name)  # what a user does next
-                jid, err = self._sbatch(r, job, ["--gres=gpu:1"])
+                r.fallbacks.append(job.name)  # what a user does next: ask for a whole GPU
+                jid, err = self._sbatch(r, job, whole_gpu_args(args, self.trace))
             if jid is None:
                 r.submit_errors[job.name] = err
                 log.warning("%s: %s: sbatch failed: %s", r.policy.name, job.name, err)

@@ -124,3 +124,13 @@ def test_shared_data_profiles_load() -> None:
     assert len(profiles.load_lucid()) > 50
     peaks = profiles.load_timm_peaks()
     assert all(v < profiles.MAX_PLAUSIBLE_PEAK_MIB for v in peaks.values())
+
+
+def test_fallback_is_all_shards_on_colloc_clusters() -> None:
+    from slurm_colloc.bench.replayer import whole_gpu_args
+    from slurm_colloc.bench.trace import Trace
+
+    t = Trace("t", "t", 4, 40960, ())
+    assert whole_gpu_args(["--colloc=/s.txt", "--colloc-batch-size=8"], t) == [
+        "--colloc-mem=40960M"]
+    assert whole_gpu_args(["--gres=shard:50"], t) == ["--gres=gpu:1"]
