@@ -227,3 +227,46 @@ def test_limit_without_mps_daemon_is_ignored_like_cuda(state, tmp_path):
 def test_bad_limit_env_is_bad_input(state, mps):
     r = run({**mps, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=much"}, "--mem", "1G")
     assert r.returncode == 2 and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_simjob_waits_for_another_users_mps_server_and_says_so(tmp_path):
+    import shutil
+    import socket
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="colloc-simjob-test-"))
+    os.chmod(d, 0o755)
+    init_state(d / "state")
+    env = job_env(
+        d / "state", CUDA_MPS_PIPE_DIRECTORY=str(d / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(d / "log")
+    )
+    ctl = [sys.executable, "-m", "slurm_colloc.gpu.sim.mps_control"]
+    assert subprocess.run([*ctl, "-d"], env=env, timeout=20).returncode == 0
+    os.chmod(d / "pipe", 0o755)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child: another user's client holds the GPU
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(d / "pipe" / "control"))
+            s.sendall(b"CLIENT 0\n")
+            os.write(w, s.makefile().readline().encode())
+            time.sleep(1.5)
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        assert os.fdopen(r).readline().startswith("READY")
+        t0 = time.monotonic()
+        res = run(env, "--mem", "1G", "--seconds", "0.2")
+        assert res.returncode == 0, res.stderr
+        assert "waiting for MPS: the server of uid 65534" in res.stderr
+        assert time.monotonic() - t0 >= 1.0  # it really waited for the other user
+    finally:
+        os.waitpid(pid, 0)
+        subprocess.run(ctl, input="quit\n", text=True, env=env, timeout=20)
+        shutil.rmtree(d, ignore_errors=True)
