@@ -44,8 +44,8 @@ def estimator_names() -> list[str]:
 
 def estimate(
     summary: str | ModelSummary,
-    *,
     batch_size: int,
+    *,
     seq_len: int | None = None,
     optimizer: str = "adam",
     precision: str = "fp32",

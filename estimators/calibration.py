@@ -95,6 +95,14 @@ def fit(rows: Sequence[Row], *, coverage: float = 0.96, ridge: float = 0.002,
         margin_rel=0.0, margin_abs_mib=0.0, interval=(1.0, 1.0),
         context_by_dataset={n: round(float(v), 1) for n, v in contexts.items()},
     )
+    return with_margin(rows, cal, coverage=coverage)
+
+
+def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96) -> Calibration:
+    """``cal`` with the margin (and the stated interval) chosen on ``rows``."""
+    groups = [r.group for r in rows]
+    names = sorted(set(groups))
+    y = np.array([r.measured for r in rows])
     parts = [base_breakdown(r.features, cal) for r in rows]
     base = np.array([sum(p.values()) for p in parts])
     ratio = y / base
