@@ -127,7 +127,8 @@ def samples() -> None:
     from transformers import BertConfig, BertModel
 
     repo = HERE.parent
-    out_dirs = [repo / "sbatch_templates" / "summaries", repo / "tests" / "unit" / "data" / "summaries"]
+    out_dirs = [repo / "sbatch_templates" / "summaries",
+                repo / "tests" / "unit" / "data" / "summaries"]
     r50 = timm.create_model("resnet50", pretrained=False)
     texts = {
         "resnet50_torchinfo.txt": str(torchinfo.summary(r50, input_size=(32, 3, 224, 224),
