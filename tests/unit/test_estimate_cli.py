@@ -25,8 +25,16 @@ def _no_site_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLLOC_CONF", str(conf))
 
 
+def _runner() -> CliRunner:
+    """stdout and stderr apart (click 8.1 needs ``mix_stderr=False``; 8.2 removed it)."""
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg,unused-ignore]
+    except TypeError:
+        return CliRunner()
+
+
 def run(*args: str) -> tuple[int, str, str]:
-    r = CliRunner().invoke(estimate, list(args))
+    r = _runner().invoke(estimate, list(args))
     return r.exit_code, r.stdout, r.stderr
 
 
