@@ -1,12 +1,14 @@
 """The ``make demo`` story: collocated training jobs on a local Slurm with simulated GPUs.
 
 Scenes (each uses the real sbatch/slurmctld/slurmd/slurmdbd and colloc's node scripts):
-1. Three training jobs ask for shards of a GPU; Slurm packs them onto one GPU and
-   colloc runs them under MPS, each capped at its share. We watch GPU memory live.
-2. One of them outgrows its share: it crashes with PyTorch's CUDA OOM, the epilog
+1. Three training jobs are submitted with ``sbatch --colloc``: two with a model summary
+   (the estimator sizes them at submit time), one with a user's guess. job_submit
+   turns each size into shards; Slurm packs them onto one GPU and colloc runs them
+   under MPS, each capped at its share. We watch GPU memory live.
+2. The guessed job outgrows its share: it crashes with PyTorch's CUDA OOM, the epilog
    keeps its log and requeues it on a whole GPU, it completes; its neighbours are
-   untouched.
-3. Accounting (sacct) shows every attempt.
+   untouched. Accounting (sacct) shows every attempt.
+3. ``colloc-report`` for a collocated job and for the recovered one.
 """
 
 from __future__ import annotations
@@ -27,23 +29,33 @@ from slurm_colloc.slurm.adapter import SlurmCli, job_state
 
 @dataclass(frozen=True)
 class DemoJob:
-    """One job of the demo mix."""
+    """One job of the demo mix, submitted the way a user would."""
 
     name: str
-    shards: int
+    options: tuple[str, ...]
     command: str
     story: str
 
 
+SUMMARIES = Path(__file__).resolve().parents[1] / "sbatch_templates" / "summaries"
+
 MIX = (
-    DemoJob("resnet18-cifar", 8, "colloc-simjob --mem 5G --sm-activity 45 --seconds 25",
-            "steady 5 GiB, fits its 8-shard share"),
-    DemoJob("mobilenet-imagenet", 10, "colloc-simjob --mem 7G --sm-activity 40 --seconds 25",
-            "steady 7 GiB, fits its 10-shard share"),
-    DemoJob("bert-finetune", 6,
+    DemoJob("resnet50-imagenet",
+            (f"--colloc={SUMMARIES / 'resnet50_torchinfo.txt'}", "--colloc-batch-size=32",
+             "--colloc-optimizer=sgd"),
+            "colloc-simjob --mem 5G --peak 6G --peak-at 0.2 --sm-activity 45 --seconds 25",
+            "torchinfo summary, batch 32: estimated at submit time"),
+    DemoJob("bert-base-finetune",
+            (f"--colloc={SUMMARIES / 'bert_base_print.txt'}", "--colloc-batch-size=16",
+             "--colloc-seq-len=128", "--colloc-optimizer=adamw", "--colloc-precision=amp-bf16"),
+            "colloc-simjob --mem 3G --peak 4G --peak-at 0.2 --sm-activity 40 --seconds 25",
+            "print(model) summary, AdamW + bf16: estimated at submit time"),
+    DemoJob("gpt2-guess",
+            ("--colloc-mem=6G",),
             "colloc-simjob --mem 4G --peak 14G --peak-at 0.3 --sm-activity 50 --seconds 20",
-            "estimated 6 GiB but grows to 14 GiB: will hit its MPS limit"),
+            "user guessed 6 GiB; the model really peaks at 14 GiB"),
 )
+RECOVERED = "gpt2-guess"
 
 
 def _sbatch(cluster: Cluster, workdir: Path, job: DemoJob) -> int:
@@ -51,15 +63,36 @@ def _sbatch(cluster: Cluster, workdir: Path, job: DemoJob) -> int:
     script.write_text(
         "#!/bin/bash\n"
         f"#SBATCH --job-name={job.name}\n"
-        f"#SBATCH --gres=shard:{job.shards}\n"
         f"#SBATCH --output={workdir}/{job.name}-%j.out\n"
         'echo "attempt ${SLURM_RESTART_COUNT:-0} on GPU $CUDA_VISIBLE_DEVICES, '
         'MPS limit $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"\n'
         f"{job.command}\n"
     )
-    cp = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env(),
-                        capture_output=True, text=True, check=True)
+    cp = subprocess.run(["sbatch", "--parsable", *job.options, str(script)], env=cluster.env(),
+                        capture_output=True, text=True, check=False)
+    if cp.returncode != 0:
+        raise RuntimeError(f"sbatch {job.name} failed: {cp.stderr.strip()}")
     return int(cp.stdout.strip().split(";")[0])
+
+
+def _submit_table(slurm: SlurmCli, ids: dict[str, int]) -> Table:
+    """Estimate, memory asked for and shards per job, from job_submit's record."""
+    from slurm_colloc.site.record import parse_record
+
+    table = Table("job", "id", "how the size was set", "estimate", "asked (+margin)", "shards",
+                  "MPS limit")
+    for job in MIX:
+        info = slurm.show_job(ids[job.name]) or {}
+        rec = parse_record(str(info.get("AdminComment", "")))
+        if rec is None:
+            table.add_row(job.name, str(ids[job.name]), "?", "-", "-", "-", "-")
+            continue
+        how = {"estimate": f"estimator {rec.estimator}", "explicit": "--colloc-mem"}.get(
+            rec.mode, rec.mode)
+        est = f"{rec.est_mib / 1024:.1f} GiB" if rec.est_mib else "-"
+        table.add_row(job.name, str(ids[job.name]), how, est, f"{rec.need_mib / 1024:.1f} GiB",
+                      str(rec.shards), f"{rec.alloc_mib / 1024:.0f} GiB")
+    return table
 
 
 def run(console: Console, root: Path | None = None) -> int:
@@ -76,13 +109,15 @@ def run(console: Console, root: Path | None = None) -> int:
     workdir = cluster.layout.root / "demo"
     workdir.mkdir(exist_ok=True)
 
-    console.rule("Scene 1: three training jobs share one GPU under MPS")
+    console.rule("Scene 1: sbatch --colloc: sizes become shards of a GPU")
     ids = {}
     for job in MIX:
         ids[job.name] = _sbatch(cluster, workdir, job)
-        console.print(f"  sbatch --gres=shard:{job.shards} {job.name:20s} -> job "
-                      f"{ids[job.name]}  ({job.story})")
-    console.print()
+        opts = " ".join(o.replace(str(SUMMARIES) + "/", "") for o in job.options)
+        console.print(f"  sbatch {opts}\n      -> job {ids[job.name]} {job.name}: {job.story}")
+    console.print(_submit_table(slurm, ids))
+    console.print("Slurm places the shards; colloc's prolog runs each job under MPS capped at "
+                  "its shards x 1 GiB.\n")
     seen_oom = False
     deadline = time.monotonic() + 240
     last_print = 0.0
@@ -97,13 +132,13 @@ def run(console: Console, root: Path | None = None) -> int:
             ) or "GPUs idle"
             st = " ".join(f"{n.split('-')[0]}={v}" for n, v in states.items())
             console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {line:60s} | {st}")
-        bert = (slurm.show_job(ids["bert-finetune"]) or {})
-        if bert.get("Restarts", "0") != "0" and not seen_oom:
+        rec_job = (slurm.show_job(ids[RECOVERED]) or {})
+        if rec_job.get("Restarts", "0") != "0" and not seen_oom:
             seen_oom = True
-            console.print("  [yellow]bert-finetune ran out of GPU memory[/]: the epilog kept "
-                          "its log and requeued it on a whole GPU (40 shards)")
+            console.print(f"  [yellow]{RECOVERED} ran out of GPU memory under its MPS limit[/]: "
+                          "the epilog kept its log and requeued it on a whole GPU (40 shards)")
         if all(v in ("COMPLETED", "FAILED", "CANCELLED") for v in states.values()) and (
-            bert.get("JobState") == states["bert-finetune"]
+            rec_job.get("JobState") == states[RECOVERED]
         ):
             break
         time.sleep(1)
@@ -116,8 +151,7 @@ def run(console: Console, root: Path | None = None) -> int:
             share = next((t for t in tres.split(",") if t.startswith("gres/")), "-")
             table.add_row(name, str(jid), str(i), rec.state, share, rec.exit_code)
     console.print(table)
-    bert_id = ids["bert-finetune"]
-    evidence = Path(cfg.evidence_dir) / str(bert_id) / "attempt0"
+    evidence = Path(cfg.evidence_dir) / str(ids[RECOVERED]) / "attempt0"
     if evidence.is_dir():
         console.print(f"\nThe first attempt's output was kept in {evidence}:")
         for p in sorted(evidence.iterdir()):
@@ -147,7 +181,7 @@ def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,
     from slurm_colloc.report.inquirer import SlurmInquirer
 
     inquirer = SlurmInquirer(SlurmCli(env=cluster.env()), cfg.metrics_dir)
-    for name in ("resnet18-cifar", "bert-finetune"):
+    for name in ("resnet50-imagenet", RECOVERED):
         jid = ids[name]
         console.rule(f"Scene 3: colloc-report {jid}  ({name})")
         rep = model.build(str(jid), inquirer, cfg)
@@ -157,4 +191,4 @@ def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,
             time.sleep(1)
             rep = model.build(str(jid), inquirer, cfg)
         console.print(text.render(rep))
-    console.print(f"\nHTML with plots: colloc-report {ids['bert-finetune']} --html report.html")
+    console.print(f"\nHTML with plots: colloc-report {ids[RECOVERED]} --html report.html")
