@@ -94,7 +94,7 @@ def write_results(trace: Trace, rp: Replayer, rows: list[PolicyMetrics], cfg: Re
                          f"{next(iter(r.submit_errors.values()))[:200]}")
         if r.fallbacks:
             notes.append(f"- {r.policy.name}: {len(r.fallbacks)} jobs rejected as larger than "
-                         f"a GPU, resubmitted with --gres=gpu:1: {', '.join(r.fallbacks)}")
+                         f"a GPU, resubmitted for a whole GPU: {', '.join(r.fallbacks)}")
     made_plots = []
     if plots.available():
         plots.bars(rows, results / f"{name}_bars.png")
