@@ -116,6 +116,7 @@ def context_from_record(
         stderr=_path("StdErr"),
         restarts=restarts,
         admin_comment=str(rec.get("AdminComment", "") or ""),
-        exit_code=str(rec.get("ExitCode", "") or ""),
+        # slurmd hands the Epilog the job's exit as SLURM_JOB_EXIT_CODE2 ("1:0")
+        exit_code=env.get("SLURM_JOB_EXIT_CODE2") or str(rec.get("ExitCode", "") or ""),
         state=str(rec.get("JobState", "") or ""),
     )
