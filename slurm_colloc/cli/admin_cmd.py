@@ -96,13 +96,17 @@ def gres_conf(device_pattern: str, node_name: str | None) -> None:
 @admin.command()
 @slurm_conf_option
 @click.option("--offline", is_flag=True, help="Only check files; do not ask slurmctld.")
-def doctor(slurm_conf: Path | None, offline: bool) -> None:
+@click.option("--gpus", "check_gpus", is_flag=True,
+              help="Also check this node's GPUs (backend, compute mode); run on a GPU node.")
+def doctor(slurm_conf: Path | None, offline: bool, check_gpus: bool) -> None:
     """Check the submit path's configuration; exit 1 if anything is wrong."""
     conf = _slurm_conf(slurm_conf)
     cfg = _load_config()
     findings = doctor_mod.check_files(conf, cfg)
     if not offline:
         findings += doctor_mod.check_live()
+    if check_gpus:
+        findings += doctor_mod.check_gpus(cfg)
     for f in findings:
         mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}[f.level]
         click.echo(f"{mark} {f.what}" + (f": {f.detail}" if f.detail else ""))

@@ -145,6 +145,24 @@ class NvmlBackend(GpuBackend):
             processes=tuple(self._process(p) for p in procs),
         )
 
+    def compute_modes(self) -> dict[int, str]:
+        """NVML compute mode per GPU: ``DEFAULT``, ``EXCLUSIVE_PROCESS`` or ``PROHIBITED``.
+
+        colloc runs one MPS server per (GPU, user); several servers on one GPU need
+        the DEFAULT mode (EXCLUSIVE_PROCESS admits a single context).
+        """
+        names = {
+            getattr(self.nvml, "NVML_COMPUTEMODE_DEFAULT", 0): "DEFAULT",
+            getattr(self.nvml, "NVML_COMPUTEMODE_EXCLUSIVE_THREAD", 1): "EXCLUSIVE_THREAD",
+            getattr(self.nvml, "NVML_COMPUTEMODE_PROHIBITED", 2): "PROHIBITED",
+            getattr(self.nvml, "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS", 3): "EXCLUSIVE_PROCESS",
+        }
+        out = {}
+        for g in self.gpus():
+            mode = self._call(self.nvml.nvmlDeviceGetComputeMode, self._handle(g.index))
+            out[g.index] = names.get(int(mode), str(mode))
+        return out
+
     def _process(self, p: Any) -> GpuProcess:
         used = getattr(p, "usedGpuMemory", None)
         not_avail = getattr(self.nvml, "NVML_VALUE_NOT_AVAILABLE_ulonglong", None)

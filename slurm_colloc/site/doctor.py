@@ -152,3 +152,32 @@ def check_live(adapter: SlurmAdapter | None = None) -> list[Finding]:
     f.append(Finding("ok" if with_shards else "fail", "nodes with gres/shard",
                      ", ".join(with_shards) or "no node offers gres/shard (node Gres=...)"))
     return f
+
+
+def check_gpus(cfg: CollocConfig) -> list[Finding]:
+    """On a GPU node: the backend works and every GPU is in a compute mode MPS can share.
+
+    One MPS server per (GPU, user) (docs/node.md) needs compute mode DEFAULT; a GPU in
+    EXCLUSIVE_PROCESS mode admits one context, so a second user's job would fail.
+    """
+    from slurm_colloc.gpu.backend import GpuBackendError
+    from slurm_colloc.gpu.nvml import NvmlBackend
+    from slurm_colloc.gpu.select import backend_from_config
+
+    try:
+        backend = backend_from_config(cfg)
+    except GpuBackendError as e:
+        return [Finding("fail", f"gpu backend {cfg.gpu_backend}", str(e))]
+    try:
+        gpus = backend.gpus()
+        f = [Finding("ok", f"gpu backend {cfg.gpu_backend}", f"{len(gpus)} GPU(s)")]
+        if isinstance(backend, NvmlBackend):
+            bad = {i: m for i, m in backend.compute_modes().items() if m != "DEFAULT"}
+            f.append(Finding("fail", "GPU compute mode",
+                             f"GPUs {bad} must be DEFAULT: nvidia-smi -i N -c DEFAULT")
+                     if bad else Finding("ok", "GPU compute mode", "DEFAULT on all GPUs"))
+        return f
+    except GpuBackendError as e:
+        return [Finding("fail", f"gpu backend {cfg.gpu_backend}", str(e))]
+    finally:
+        backend.close()

@@ -159,3 +159,23 @@ def test_dcgm_fields_reach_the_sample(monkeypatch):
 def test_dcgm_absent_gives_none(monkeypatch):
     monkeypatch.setitem(sys.modules, "DcgmReader", None)  # import fails
     assert dcgm.open_profiler() is None
+
+
+def test_compute_modes_named_as_nvml_defines_them():
+    m = fake_nvml()
+    m.NVML_COMPUTEMODE_DEFAULT, m.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 0, 3
+    m.nvmlDeviceGetComputeMode = lambda h: 3 if h == "h1" else 0
+    assert NvmlBackend(nvml=m).compute_modes() == {0: "DEFAULT", 1: "EXCLUSIVE_PROCESS"}
+
+
+def test_doctor_fails_exclusive_process_gpus(monkeypatch):
+    from slurm_colloc.config import CollocConfig
+    from slurm_colloc.site import doctor
+
+    m = fake_nvml()
+    m.nvmlDeviceGetComputeMode = lambda h: 3 if h == "h1" else 0
+    monkeypatch.setattr("slurm_colloc.gpu.select.backend_from_config",
+                        lambda cfg, **kw: NvmlBackend(nvml=m))
+    findings = doctor.check_gpus(CollocConfig())
+    mode = next(f for f in findings if f.what == "GPU compute mode")
+    assert mode.level == "fail" and "1: 'EXCLUSIVE_PROCESS'" in mode.detail
