@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
+from slurm_colloc.node.detach import spawn_module
 from slurm_colloc.node.job import JobContext
 
 SPANK = "SPANK__SLURM_SPANK_OPTION_colloc_colloc_"
@@ -75,24 +75,7 @@ def spawn_collector(env: Mapping[str, str]) -> None:
     for k in ("COLLOC_CONF", "SLURM_CONF"):
         if k in env:
             child_env[k] = env[k]
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.closerange(3, 1024)
-        os.chdir("/")
-        os.execve(  # noqa: S606 - argv array, no shell; fixed module path
-            sys.executable, [sys.executable, "-m", "slurm_colloc.metrics.collector"], child_env
-        )
-    finally:
-        os._exit(0)
+    spawn_module("slurm_colloc.metrics.collector", (), child_env)
 
 
 def ensure_collector(

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurm_colloc.node.detach import spawn_module
 from slurm_colloc.node.logging_setup import node_logger
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
 
@@ -55,26 +56,8 @@ def write_when_finished(
 
 
 def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> None:
-    """Start the writer fully detached (own session; slurmd does not wait for it)."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.execve(  # noqa: S606 - argv array, no shell; fixed module path
-            sys.executable,
-            [sys.executable, "-m", "slurm_colloc.node.record_writer", str(job_id),
-             str(spool_file)],
-            env,
-        )
-    finally:
-        os._exit(0)
+    """Start the writer detached (slurmd does not wait for it)."""
+    spawn_module("slurm_colloc.node.record_writer", (str(job_id), str(spool_file)), env)
 
 
 def main() -> int:
