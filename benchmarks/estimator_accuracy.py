@@ -180,9 +180,11 @@ def evaluate(cases: list[Case]) -> dict[str, Callable[[Case], float | None]]:
     }
 
 
-def table(cases: list[Case]) -> str:
+def table(cases: list[Case], only: tuple[str, ...] = ()) -> str:
     """The accuracy table, one line per estimator x dataset x split."""
     ests = evaluate(cases)
+    if only:
+        ests = {k: v for k, v in ests.items() if k in only}
     lines = [f"{'estimator':<14} {'data':<5} {'split':<9} {'n':>5} {'not-under':>9} "
              f"{'med-err':>8} {'med-over':>8} {'p90-err':>8} {'worst-under':>11}"]
     for name, fn in ests.items():
@@ -258,7 +260,7 @@ def calibrate(cases: list[Case]) -> None:
     CALIBRATION_FILE.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(f"wrote {CALIBRATION_FILE.relative_to(REPO)}: "
           f"context {cal.context_mib:.0f} MiB, k_params {cal.k_params:.3f}, "
-          f"margin {cal.margin_rel:.1%} + {cal.margin_abs_mib:.0f} MiB")
+          f"margin {cal.margin_rel:.1%} (largest bucket) + {cal.margin_abs_mib:.0f} MiB")
 
 
 def timings(summary_text: str) -> str:
@@ -309,12 +311,20 @@ def main() -> int:
     if args.calibrate:
         calibrate(cases)
     cal = load_calibration()
+    by_bucket = ", ".join(f"{b} {v:.0%} + {cal.abs_margin(b):.0f} MiB"
+                          for b, v in cal.margin_rel_by_bucket.items())
     print(f"calibration: context {cal.context_mib:.0f} MiB, k_params {cal.k_params:.3f}, "
-          f"margin {cal.margin_rel:.1%} of the model part + {cal.margin_abs_mib:.0f} MiB")
+          f"margin {cal.margin_rel:.1%} of the model part + {cal.margin_abs_mib:.0f} MiB"
+          + (f" (margin by bucket: {by_bucket})" if by_bucket else ""))
     print("errors are (estimate - measured) / measured; med-over = median over the "
           "not-underestimated runs")
     print(table(cases))
     print(underestimate_report(cases))
+    spikes = spike_rows(cases)
+    print(f"the same, without the {len(spikes)} spike runs (CSV-only rule: a run whose peak "
+          "is more than 2% above the same model's peak at a larger batch; reported, not "
+          "used for the targets):")
+    print(table([c for c in cases if (c.key, c.batch) not in spikes], only=("layer-aware",)))
     if not args.no_timing:
         sample = REPO / "sbatch_templates" / "summaries" / "resnet50_torchinfo.txt"
         print(timings(sample.read_text()))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from estimators.features import Features
+from estimators.features import MARGIN_BUCKETS, Features, margin_bucket
 from estimators.layer_aware import PRIOR, Calibration, base_breakdown, margin_basis
 from estimators.layers import CATEGORIES
 
@@ -98,31 +98,58 @@ def fit(rows: Sequence[Row], *, coverage: float = 0.96, ridge: float = 0.002,
     return with_margin(rows, cal, coverage=coverage)
 
 
+MIN_BUCKET_ROWS = 30
+"""A bucket's margin is taken from a data set only where that data set has at least
+this many calibration runs of it (fewer give no usable 96th percentile)."""
+
+
 def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96) -> Calibration:
-    """``cal`` with the margin (and the stated interval) chosen on ``rows``."""
-    groups = [r.group for r in rows]
-    names = sorted(set(groups))
+    """``cal`` with the margin (and the stated intervals) chosen on ``rows``.
+
+    The relative margin is a split-conformal quantile per architecture bucket
+    (:func:`estimators.features.margin_bucket`): for each bucket, the ``coverage``
+    quantile of the relative margin each calibration run needs, taken per data set
+    (so that 3,000 MLPs cannot lower the margin of the timm CNNs) and the largest of
+    those. Buckets whose ops the summary hides get wider margins than those it shows.
+    The absolute part is shared and chosen for the lowest median overestimate."""
+    groups = np.array([r.group for r in rows])
+    names = sorted(set(groups.tolist()))
     y = np.array([r.measured for r in rows])
     parts = [base_breakdown(r.features, cal) for r in rows]
     base = np.array([sum(p.values()) for p in parts])
+    buckets = np.array([margin_bucket(r.features) for r in rows])
     ratio = y / base
     interval = (float(np.quantile(ratio, 0.05)), float(np.quantile(ratio, 0.95)))
+    by_interval = {str(b): (round(float(np.quantile(ratio[buckets == b], 0.05)), 4),
+                            round(float(np.quantile(ratio[buckets == b], 0.95)), 4))
+                   for b in sorted(set(buckets.tolist()))}
     # the margin scales the uncertain part only: activations and workspace (parameter
     # bytes and the context are exact or nearly so; the MLP data shows it)
     var = np.maximum(np.array([margin_basis(p) for p in parts]), 1e-9)
-    masks = {n: np.array([g == n for g in groups]) for n in names}
-    best: tuple[float, float, float] | None = None
-    for m_abs in np.arange(0.0, 513.0, 16.0):
-        # smallest relative margin giving the coverage in every data set at this m_abs
-        need = (y - base - m_abs) / var
-        m_rel = max(0.0, *(float(np.quantile(need[m], coverage)) for m in masks.values()))
-        rel = (base + var * m_rel + m_abs - y) / y
-        med_over = max(float(np.median(rel[m])) for m in masks.values())
-        if best is None or med_over < best[0]:
-            best = (med_over, m_rel, float(m_abs))
-    assert best is not None
-    return replace(cal, margin_rel=round(best[1], 4), margin_abs_mib=best[2],
-                   interval=interval)
+    # each bucket gets its own (relative, absolute) pair: the smallest relative margin
+    # giving the coverage in every data set with enough runs of it, at the absolute
+    # part that gives the bucket's lowest median overestimate
+    rel_by: dict[str, float] = {}
+    abs_by: dict[str, float] = {}
+    for b in MARGIN_BUCKETS:
+        cells = [(buckets == b) & (groups == n) for n in names]
+        cells = [m for m in cells if m.sum() >= MIN_BUCKET_ROWS]
+        if not cells:
+            continue
+        best: tuple[float, float, float] | None = None
+        for m_abs in np.arange(0.0, 513.0, 16.0):
+            need = (y - base - m_abs) / var
+            m_rel = max(0.0, *(float(np.quantile(need[m], coverage)) for m in cells))
+            rel = (base + var * m_rel + m_abs - y) / y
+            med_over = max(float(np.median(rel[m])) for m in cells)
+            if best is None or med_over < best[0]:
+                best = (med_over, m_rel, float(m_abs))
+        assert best is not None
+        rel_by[b], abs_by[b] = round(best[1], 4), best[2]
+    worst = max(rel_by, key=lambda b: rel_by[b] * 1e6 + abs_by[b])
+    return replace(cal, margin_rel=rel_by[worst], margin_abs_mib=abs_by[worst],
+                   margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by,
+                   interval=interval, interval_by_bucket=by_interval)
 
 
 def fit_quantile(rows: Sequence[Row], *, tau: float = 0.96, iters: int = 40,

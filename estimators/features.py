@@ -37,6 +37,31 @@ class Features:
     seq_assumed: bool
 
 
+MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
+"""Architecture buckets the safety margin is calibrated per (see :func:`margin_bucket`)."""
+
+
+def margin_bucket(f: Features) -> str:
+    """Which margin bucket a job falls in, by what its summary can and cannot show.
+
+    * ``attn_hidden``: attention layers whose token x token probabilities the summary
+      does not show (fused kernels keep none, explicit ones keep ``heads x N x N``:
+      the summary cannot tell which, so the residuals are wide);
+    * ``attn_explicit``: attention with its probabilities visible as a layer output;
+    * ``normfree``: convolutional nets without a fused normalisation (NF-nets' scaled
+      weight-standardised convolutions and gains, EvoNorm / FRN composites): their
+      elementwise ops are functions, not modules, so the summary hides kept tensors;
+    * ``cnn``: convolutional nets with BatchNorm / LayerNorm / GroupNorm modules;
+    * ``mlp``: everything else (linear layers, activations, norms, dropout).
+    """
+    a = f.act
+    if a["attention"] > 0 or a["attn_probs"] > 0 or f.attn_scores > 0:
+        return "attn_explicit" if a["attn_probs"] > 0 else "attn_hidden"
+    if a["conv"] > 0:
+        return "normfree" if (a["norm_composite"] > 0 or a["norm"] == 0) else "cnn"
+    return "mlp"
+
+
 def seq_scale(summary: ModelSummary, seq_len: int | None) -> tuple[float, int | None, bool]:
     """Activation scale for a requested sequence length, the effective length, and
     whether it was assumed rather than given."""

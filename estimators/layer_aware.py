@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from estimators.base import Estimate, Job
-from estimators.features import Features, compute
+from estimators.features import Features, compute, margin_bucket
 from estimators.layers import CATEGORIES
 from estimators.model import ModelSummary
 
@@ -44,6 +44,24 @@ class Calibration:
     """Ratio measured / unmargined estimate at the 5th and 95th percentile (training)."""
     context_by_dataset: dict[str, float] = field(default_factory=dict)
     """Context fitted per calibration data set (for the record)."""
+    margin_rel_by_bucket: dict[str, float] = field(default_factory=dict)
+    """Relative margin per architecture bucket (:func:`estimators.features.margin_bucket`);
+    a bucket not listed gets :attr:`margin_rel` (the largest)."""
+    margin_abs_by_bucket: dict[str, float] = field(default_factory=dict)
+    """Absolute margin (MiB) per bucket; a bucket not listed gets :attr:`margin_abs_mib`."""
+    interval_by_bucket: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def rel_margin(self, bucket: str) -> float:
+        """The relative margin for an architecture bucket."""
+        return self.margin_rel_by_bucket.get(bucket, self.margin_rel)
+
+    def abs_margin(self, bucket: str) -> float:
+        """The absolute margin (MiB) for an architecture bucket."""
+        return self.margin_abs_by_bucket.get(bucket, self.margin_abs_mib)
+
+    def ratio_interval(self, bucket: str) -> tuple[float, float]:
+        """5th-95th percentile of measured / unmargined estimate for a bucket."""
+        return self.interval_by_bucket.get(bucket, self.interval)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
@@ -60,6 +78,13 @@ class Calibration:
             interval=(float(d["interval"][0]), float(d["interval"][1])),
             context_by_dataset={
                 str(a): float(b) for a, b in d.get("context_by_dataset", {}).items()},
+            margin_rel_by_bucket={
+                str(a): float(b) for a, b in d["margin"].get("rel_by_bucket", {}).items()},
+            margin_abs_by_bucket={
+                str(a): float(b) for a, b in d["margin"].get("abs_mib_by_bucket", {}).items()},
+            interval_by_bucket={
+                str(a): (float(b[0]), float(b[1]))
+                for a, b in d.get("interval_by_bucket", {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,8 +93,12 @@ class Calibration:
                 "largest": self.k_workspace}
         coef.update({f"act_{c}": v for c, v in self.k_act.items()})
         return {"context_mib": self.context_mib, "coefficients": coef,
-                "margin": {"rel": self.margin_rel, "abs_mib": self.margin_abs_mib},
-                "interval": list(self.interval), "context_by_dataset": self.context_by_dataset}
+                "margin": {"rel": self.margin_rel, "abs_mib": self.margin_abs_mib,
+                           "rel_by_bucket": self.margin_rel_by_bucket,
+                           "abs_mib_by_bucket": self.margin_abs_by_bucket},
+                "interval": list(self.interval),
+                "interval_by_bucket": {b: list(v) for b, v in self.interval_by_bucket.items()},
+                "context_by_dataset": self.context_by_dataset}
 
 
 PRIOR = Calibration(
@@ -140,7 +169,8 @@ class LayerAwareEstimator:
         f = compute(summary, job.batch_size, job.seq_len, job.optimizer, job.precision)
         parts = base_breakdown(f, cal)
         base = sum(parts.values())
-        margin = margin_basis(parts) * cal.margin_rel + cal.margin_abs_mib
+        bucket = margin_bucket(f)
+        margin = margin_basis(parts) * cal.rel_margin(bucket) + cal.abs_margin(bucket)
         total = math.ceil(base + margin)
         parts["margin"] = margin
         notes = []
@@ -152,7 +182,7 @@ class LayerAwareEstimator:
             notes.append("calibrated on Adam runs; other optimizers change only exact terms")
         if cal is PRIOR:
             notes.append("no calibration file: uncalibrated physics priors")
-        lo, hi = cal.interval
+        lo, hi = cal.ratio_interval(bucket)
         return Estimate(
             estimate_mib=total,
             estimator=self.name,
@@ -161,7 +191,9 @@ class LayerAwareEstimator:
             fingerprint=summary.fingerprint(),
             uncertainty={
                 "peak_90pct_mib": [math.floor(base * lo), math.ceil(base * hi)],
-                "basis": "5th-95th percentile of measured/estimated on the calibration split",
+                "basis": ("5th-95th percentile of measured/estimated on the calibration split, "
+                          f"architecture bucket {bucket!r}"),
+                "bucket": bucket,
                 "notes": notes,
             },
         )

@@ -175,3 +175,28 @@ def test_tracing_estimator_with_torch(tmp_path: Path, resnet50: str,
     e = estimate(resnet50, batch_size=8, estimator="tracing", model_factory="tiny_factory:make")
     assert e.estimator == "tracing"
     assert e.breakdown["traced_tensors"] > 0
+
+
+def test_margin_is_per_architecture_bucket(resnet50: str) -> None:
+    """The margin comes from the job's bucket; an MLP summary gets the MLP margin, a
+    CNN the CNN one, and the calibration file round-trips the per-bucket values."""
+    import json
+
+    from estimators.layer_aware import Calibration
+
+    cal = load_calibration()
+    assert {"cnn", "mlp"} <= set(cal.margin_rel_by_bucket)
+    assert Calibration.from_dict(cal.to_dict()) == cal
+    cnn = estimate(resnet50, batch_size=32)
+    assert cnn.uncertainty["bucket"] == "cnn"
+    mlp_doc = {"format": "colloc-summary/1", "layers": [
+        {"type": "Linear", "output_shape": [4096], "params": 4096 * 1025},
+        {"type": "ReLU", "output_shape": [4096], "params": 0},
+        {"type": "Linear", "output_shape": [10], "params": 40970}]}
+    mlp = estimate(json.dumps(mlp_doc), batch_size=256)
+    assert mlp.uncertainty["bucket"] == "mlp"
+    basis = mlp.breakdown["activations"] + mlp.breakdown["workspace"]
+    assert mlp.breakdown["margin"] == pytest.approx(
+        basis * cal.rel_margin("mlp") + cal.abs_margin("mlp"))
+    assert cal.rel_margin("no-such-bucket") == cal.margin_rel == max(
+        cal.margin_rel_by_bucket.values())
