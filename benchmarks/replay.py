@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, replay, print the markdown table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", choices=sorted(generators.GENERATORS), default="philly90")
-    p.add_argument("--policies", default=",".join(policies.POLICIES))
+    p.add_argument("--policies", default=",".join(
+        n for n in policies.POLICIES if n not in policies.DIAGNOSTIC))
     p.add_argument("--time-scale", type=float, default=120.0,
                    help="trace seconds per wall second (default 120)")
     p.add_argument("--limit", type=int, help="replay only the first N jobs (smoke runs)")

@@ -48,6 +48,27 @@ def _oracle(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
     return [f"--colloc-mem={job.peak_mib}M"]
 
 
+def _colloc_margin_once(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
+    """Diagnostic: the default estimator's ``estimate_mib`` (margin included once).
+
+    The submit path reserves ``estimate_mib + margin_mib`` although ``estimate_mib``
+    already contains the margin; this policy runs the same estimator in the replayer
+    and passes its figure as ``--colloc-mem`` to measure what counting it once buys.
+    """
+    if summary is None:
+        return [f"--colloc-mem={job.guess_mib}M"]
+    from estimators import registry
+    from estimators.base import Job
+    from estimators.parsers import read_summary_file
+
+    est = registry.get(registry.DEFAULT).estimate(
+        read_summary_file(summary), Job(batch_size=job.batch_size))
+    return [f"--colloc-mem={est.estimate_mib}M"]
+
+
+DIAGNOSTIC = {"colloc-margin-once"}
+"""Policies not run by default (they bypass part of the submit path)."""
+
 POLICIES: dict[str, Policy] = {
     p.name: p
     for p in (
@@ -55,6 +76,8 @@ POLICIES: dict[str, Policy] = {
         Policy("shards", "shards, user guess, no limits/recovery", False, _shards),
         Policy("colloc", "slurm-colloc, default estimator", True, _colloc),
         Policy("colloc-oracle", "slurm-colloc, oracle memory", True, _oracle),
+        Policy("colloc-margin-once", "slurm-colloc, estimate with its margin once "
+               "(diagnostic)", True, _colloc_margin_once),
     )
 }
 
