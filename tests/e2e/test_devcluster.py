@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,9 +72,16 @@ def test_up_is_idempotent_and_env_points_at_it(cluster: Cluster) -> None:
 SCRATCH = Path("/var/lib/colloc-devcluster-test-scratch")  # munge must reach it
 
 
-def test_port_in_use_is_named_and_nothing_is_left_running() -> None:
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A root for throwaway clusters, removed afterwards."""
+    yield SCRATCH
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+
+
+def test_port_in_use_is_named_and_nothing_is_left_running(scratch: Path) -> None:
     spec = Spec(ctld_port=46817, slurmd_port=46818, dbd_port=46819, mysql_port=43306)
-    other = Cluster(Layout(SCRATCH / "dc"), spec)
+    other = Cluster(Layout(scratch / "dc"), spec)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 46819))
@@ -82,9 +91,9 @@ def test_port_in_use_is_named_and_nothing_is_left_running() -> None:
     assert all(pid is None for pid in other.status().values())
 
 
-def test_failing_daemon_is_named_with_its_log() -> None:
+def test_failing_daemon_is_named_with_its_log(scratch: Path) -> None:
     spec = Spec(ctld_port=46827, slurmd_port=46828, dbd_port=46829, mysql_port=43316)
-    broken = Cluster(Layout(SCRATCH / "dc2"), spec)
+    broken = Cluster(Layout(scratch / "dc2"), spec)
     # a slurmdbd.conf it refuses: the password file is fine but the DB user is wrong
     orig = broken._create_db_user
     broken._create_db_user = lambda: None  # type: ignore[method-assign]
