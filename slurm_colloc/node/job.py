@@ -57,9 +57,17 @@ class JobContext:
     state: str
 
     @property
+    def whole_gpu(self) -> bool:
+        """job_submit turned a one-GPU request into all shards of a GPU (mode=whole)."""
+        from slurm_colloc.site.record import parse_record
+
+        rec = parse_record(self.admin_comment)
+        return rec is not None and rec.mode == "whole"
+
+    @property
     def is_shared(self) -> bool:
         """A shard job: it shares its GPU and runs under MPS."""
-        return self.shards > 0 and self.gpu_count == 0
+        return self.shards > 0 and self.gpu_count == 0 and not self.whole_gpu
 
     @property
     def gpu(self) -> int | None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 RECORD_PREFIX = "colloc1:"
-Mode = Literal["estimate", "explicit", "default", "shards"]
-_MODES = ("estimate", "explicit", "default", "shards")
+Mode = Literal["estimate", "explicit", "default", "shards", "whole"]
+_MODES = ("estimate", "explicit", "default", "shards", "whole")
 _PAIR = re.compile(r"^([a-z0-9_]+)=([a-z0-9._-]*)$")
 _INTS = ("need_mib", "shards", "shard_mib", "alloc_mib", "est_mib", "margin_mib")
 

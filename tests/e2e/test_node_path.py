@@ -156,3 +156,24 @@ def test_twenty_jobs_ending_together_are_all_handled(
             pid_file = tenancy.pipe_dir(gpu, uid) / "nvidia-cuda-mps-control.pid"
             assert not pid_file.exists(), f"MPS daemon left running on GPU {gpu}"
     assert node_state(cluster) in ("idle", "mix")
+
+
+def test_whole_gpu_jobs_never_land_next_to_shared_jobs(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    """Slurm 22.05 alone would give a --gres=gpu:1 job a GPU that shard jobs are using."""
+    shared = [sbatch(cluster, workdir, "colloc-simjob --mem 2G --seconds 8", "--gres=shard:5")
+              for _ in range(3)]
+    time.sleep(2)
+    whole = [sbatch(cluster, workdir, f"{SHOW_ENV}\ncolloc-simjob --mem 30G --seconds 2",
+                    "--gres=gpu:1") for _ in range(4)]
+    time.sleep(3)
+    gpu_of = {j: _gres_idx(slurm, j).split("IDX:")[-1].rstrip(")") for j in shared + whole}
+    shared_gpus = {gpu_of[j] for j in shared if gpu_of[j]}
+    running_whole = [j for j in whole if gpu_of[j]]
+    assert running_whole, gpu_of
+    assert not shared_gpus & {gpu_of[j] for j in running_whole}, gpu_of
+    states = wait_for_jobs(slurm, shared + whole, timeout=120)
+    assert set(states.values()) == {"COMPLETED"}, states
+    out = (workdir / f"{whole[0]}.out").read_text()
+    assert "LIMIT= PIPE=" in out  # a whole GPU runs without MPS

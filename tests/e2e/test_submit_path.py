@@ -64,11 +64,11 @@ def test_colloc_summary_gives_shards_and_record(cluster, slurm, workdir, jobs) -
     jobs.append(_job_id(cp))
     info = slurm.show_job(jobs[0])
     assert info is not None
-    assert info["TresPerNode"] == "gres:shard:8"
+    assert info["TresPerNode"] == "gres:shard:7"  # 7000 MiB, margin already inside
     assert info["Comment"] == "my words"
     rec = parse_record(info["AdminComment"])
     assert rec is not None and rec.mode == "estimate"
-    assert (rec.est_mib, rec.margin_mib, rec.shards, rec.alloc_mib) == (7000, 500, 8, 8192)
+    assert (rec.est_mib, rec.margin_mib, rec.shards, rec.alloc_mib) == (7000, 500, 7, 7168)
     assert rec.fingerprint == "00ff32" and rec.estimator == "fake"
 
 

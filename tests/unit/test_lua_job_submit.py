@@ -54,12 +54,12 @@ def test_estimate_becomes_shards_and_record(h: Harness) -> None:
                        comment="colloc-estimate:v1:mib=7000,margin=500,est=layer-aware,"
                        "fp=ABCD12 mine")
     assert rc == 0
-    assert job.tres_per_node == "gres:shard:8"
+    assert job.tres_per_node == "gres:shard:7"
     assert job.comment == "mine"
     assert job.max_nodes == 1
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "estimate"
-    assert (rec.need_mib, rec.shards, rec.alloc_mib) == (7500, 8, 8192)
+    assert (rec.need_mib, rec.shards, rec.alloc_mib) == (7000, 7, 7168)  # margin is inside mib
     assert (rec.estimator, rec.est_mib, rec.margin_mib, rec.fingerprint) == (
         "layer-aware", 7000, 500, "abcd12")
     assert set(job.admin_comment) <= set("abcdefghijklmnopqrstuvwxyz0123456789._=,:-")
@@ -109,8 +109,10 @@ def test_keeps_other_gres(h: Harness) -> None:
     ({}, {"colloc_mem": "41G"}, "one GPU offers at most 40960 MiB"),
     ({}, {"colloc_mem": "8X"}, "expected a size"),
     ({}, {"colloc_mem": "-3"}, "expected a size"),
-    ({"comment": "colloc-estimate:v1:mib=40000,margin=2000,est=x,fp=00"},
+    ({"comment": "colloc-estimate:v1:mib=42000,margin=2000,est=x,fp=00"},
      {"colloc": "m", "colloc_batch_size": "1"}, "needs 42000 MiB"),
+    ({"comment": "colloc-estimate:v1:mib=100,margin=200,est=x,fp=00"}, {"colloc": "m"},
+     "within mib"),
     ({"comment": "colloc-estimate:v1:mib=abc,margin=0,est=x,fp=00"}, {"colloc": "m"},
      "malformed"),
     ({"comment": "colloc-estimate:v1:mib=10,margin=0,est=BAD NAME,fp=00"}, {"colloc": "m"},
@@ -174,3 +176,30 @@ def test_modify_guards_colloc_jobs(h: Harness) -> None:
 def test_log_lines_have_prefix(h: Harness) -> None:
     h.submit({"colloc_mem": "2G"})
     assert any(s.startswith("colloc: job_submit: uid 1000: colloc1:") for s in h.info)
+
+
+@pytest.mark.parametrize("fields", [
+    {"tres_per_node": "gres:gpu:1"},
+    {"tres_per_node": "gres:gpu:a100:1"},
+    {"tres_per_job": "gres:gpu:1"},
+    {"tres_per_node": "gres:gpu"},
+])
+def test_one_whole_gpu_becomes_all_shards_of_one_gpu(h: Harness, fields: dict[str, Any]) -> None:
+    rc, job = h.submit(None, **fields)
+    assert rc == 0
+    assert job.tres_per_node == "gres:shard:40"
+    assert job.tres_per_job in (None, "")
+    rec = parse_record(job.admin_comment)
+    assert rec is not None and rec.mode == "whole" and rec.shards == 40
+
+
+def test_several_gpus_per_node_take_the_node_exclusively(h: Harness) -> None:
+    rc, job = h.submit(None, tres_per_node="gres:gpu:4")
+    assert rc == 0
+    assert job.tres_per_node == "gres:gpu:4" and job.shared == 0
+    assert job.admin_comment is None
+
+
+def test_jobs_without_gpus_are_untouched(h: Harness) -> None:
+    rc, job = h.submit(None, tres_per_node="gres:license:1")
+    assert rc == 0 and job.tres_per_node == "gres:license:1" and job.shared is None

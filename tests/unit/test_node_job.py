@@ -28,3 +28,11 @@ def test_typed_gres_and_env_fallback() -> None:
 def test_relative_or_missing_paths_are_ignored() -> None:
     ctx = context_from_record(10, 0, {}, {"StdOut": "slurm-10.out", "Restarts": "x"})
     assert ctx.stdout is None and ctx.stderr is None and ctx.restarts == 0 and ctx.gpus == ()
+
+
+def test_one_gpu_request_turned_into_shards_is_not_shared() -> None:
+    rec = {"TresPerNode": "gres:shard:40", "GRES": "shard:40(IDX:1)",
+           "AdminComment": "colloc1:mode=whole,need_mib=40960,shards=40,shard_mib=1024,"
+                           "alloc_mib=40960"}
+    ctx = context_from_record(11, 0, ENV, rec)
+    assert ctx.whole_gpu and not ctx.is_shared and ctx.gpu == 1

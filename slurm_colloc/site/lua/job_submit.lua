@@ -13,7 +13,9 @@ job_desc.spank_job_env as _SLURM_SPANK_OPTION_colloc_<opt>=VALUE):
        mode=explicit  --colloc-mem=SIZE
        mode=estimate  the record cli_filter.lua put at the start of the comment
                       ("colloc-estimate:v1:mib=N,margin=M,est=NAME,fp=HEX"),
-                      need = mib + margin; checked here, never trusted blindly
+                      need = mib (the estimator's figure already includes its
+                      margin M, reported for the record); checked here, never
+                      trusted blindly
        mode=default   neither (cli_filter bypassed, or bare --colloc): the site
                       default (default_colloc_mib; 0 = a whole GPU), with a message
   3. turns it into gres/shard on one GPU: shards = ceil(need / shard_mib), added
@@ -26,6 +28,13 @@ job_desc.spank_job_env as _SLURM_SPANK_OPTION_colloc_<opt>=VALUE):
      only [a-z0-9._=,:-] characters (safe under slurmdbd's lowercasing).
 A job that asks for gres/shard without --colloc gets mode=shards, so the node
 scripts limit its memory to what it asked for (shards must fit one GPU).
+
+Whole GPUs next to shards: Slurm 22.05 does not keep gres/gpu and gres/shard apart
+(seen on the devcluster: a --gres=gpu:1 job was given GPU 0 while three shard jobs ran
+on it). So a one-GPU request (--gres=gpu:1, --gpus=1, --gpus-per-node=1) becomes all
+the shards of one GPU (mode=whole: the node scripts run it without MPS), and a job
+asking for more than one GPU per node gets its nodes exclusively (no shared job can
+land on its GPUs).
 
 Users may change colloc jobs only through root/SlurmUser (slurm_job_modify).
 --]]
@@ -132,8 +141,9 @@ local function take_estimate(comment)
 	if not e.mib or e.mib < 1 or e.mib > MAX_MIB then
 		return nil, rest, "estimate mib=" .. tostring(fields.mib) .. " is not a positive MiB count"
 	end
-	if not e.margin or e.margin > MAX_MIB then
-		return nil, rest, "estimate margin=" .. tostring(fields.margin) .. " is not a MiB count"
+	if not e.margin or e.margin > e.mib then
+		return nil, rest, "estimate margin=" .. tostring(fields.margin)
+			.. " is not a MiB count within mib=" .. tostring(fields.mib)
 	end
 	if not e.est or #e.est > 32 then
 		return nil, rest, "estimator name est=" .. tostring(fields.est) .. " is not [a-z0-9._-]{1,32}"
@@ -188,7 +198,7 @@ local function colloc_submit(job_desc, opts, submit_uid)
 			.. "(resubmit with sbatch --colloc=SUMMARY, or give --colloc-mem=SIZE)", err)
 	elseif comment_est then
 		mode, est = "estimate", comment_est
-		need = est.mib + est.margin
+		need = est.mib
 	else
 		mode = "default"
 		if COLLOC.default_colloc_mib > 0 then
@@ -248,6 +258,50 @@ local function plain_shard_submit(job_desc, k, submit_uid)
 	return slurm.SUCCESS
 end
 
+-- Whole GPUs asked for per node: (count, field) for "gres:gpu:N" / "gres:gpu:TYPE:N"
+-- in tres_per_node, or in tres_per_job of a one-node job; nil when no GPU is asked.
+local function gpu_request(job_desc)
+	for _, f in ipairs({ "tres_per_node", "tres_per_job" }) do
+		local s = job_desc[f]
+		if type(s) == "string" then
+			local n = string.match(s, "gres[:/]gpu:(%d+)$") or string.match(s, "gres[:/]gpu:(%d+),")
+				or string.match(s, "gres[:/]gpu:[^:,]+:(%d+)")
+			if n then return tonumber(n), f end
+			if string.match(s, "gres[:/]gpu$") or string.match(s, "gres[:/]gpu,") then
+				return 1, f
+			end
+		end
+	end
+	return nil, nil
+end
+
+local function whole_gpu_submit(job_desc, n, field, submit_uid)
+	local min_nodes = job_desc.min_nodes
+	local one_node = min_nodes == nil or min_nodes == NO_VAL or min_nodes <= 1
+	if n == 1 and (field == "tres_per_node" or one_node) and not has_gpu_request(job_desc.tres_per_task)
+		and not has_gpu_request(job_desc.tres_per_socket) then
+		local spg = shards_per_gpu()
+		local other = job_desc.tres_per_node
+		if field == "tres_per_node" then
+			other = nil
+		else
+			job_desc[field] = "" -- Slurm's Lua setters take strings, not nil
+		end
+		job_desc.tres_per_node = add_shards(other, spg)
+		local rec = string.format("%smode=whole,need_mib=%d,shards=%d,shard_mib=%d,alloc_mib=%d",
+			RECORD_PREFIX, spg * COLLOC.shard_mib, spg, COLLOC.shard_mib, spg * COLLOC.shard_mib)
+		job_desc.admin_comment = rec
+		slurm.log_info("colloc: job_submit: uid %s: one whole GPU as %d shards: %s",
+			tostring(submit_uid), spg, rec)
+		return slurm.SUCCESS
+	end
+	-- several GPUs per node: Slurm 22.05 could put shard jobs on them; take the nodes whole
+	job_desc.shared = 0
+	slurm.log_info("colloc: job_submit: uid %s: %d GPUs per node: nodes given exclusively",
+		tostring(submit_uid), n)
+	return slurm.SUCCESS
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
 	local opts = colloc_options(job_desc)
 	if opts ~= nil then
@@ -257,6 +311,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 	local k = shard_request(job_desc.tres_per_node)
 	if k ~= nil then
 		return plain_shard_submit(job_desc, k, submit_uid)
+	end
+	local n, field = gpu_request(job_desc)
+	if n ~= nil and n > 0 then
+		return whole_gpu_submit(job_desc, n, field, submit_uid)
 	end
 	return slurm.SUCCESS
 end
