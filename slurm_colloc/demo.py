@@ -169,7 +169,10 @@ def run(console: Console, root: Path | None = None) -> int:
                       f"see {cluster.layout.log}/colloc.log")
     _final_reports(console, cluster, cfg, ids)
     console.print("\nUse the cluster yourself:  eval \"$(.venv/bin/colloc devcluster env)\"; "
-                  "squeue; sacct\nStop it:                   .venv/bin/colloc devcluster down")
+                  "squeue; sacct\nStop it:                   .venv/bin/colloc devcluster down"
+                  "\nWhat it buys at scale:     .venv/bin/python benchmarks/replay.py --trace "
+                  "philly90   (90-job trace through Slurm, whole-GPU vs shards vs colloc, "
+                  "about 7 minutes; results in benchmarks/results/)")
     return 0 if ok else 1
 
 
