@@ -18,7 +18,7 @@ from pathlib import Path
 
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.site.record import parse_record
-from slurm_colloc.slurm.adapter import AccountingRecord, SlurmAdapter
+from slurm_colloc.slurm.adapter import AccountingRecord, SlurmAdapter, by_start
 
 OOM_TEXT = "torch.OutOfMemoryError"
 _GRES = re.compile(r"gres/(gpu|shard)=(\d+)")
@@ -72,6 +72,7 @@ def outcome(
     """Fold a job's sacct rows (oldest first) and output into one outcome."""
     if not rows:
         return JobOutcome(name, job_id, "MISSING", 0, 0.0, None, None, 0, 0, "", None, "")
+    rows = by_start(rows)
     first, last = rows[0], rows[-1]
     comment = next((r.fields.get("AdminComment", "") for r in reversed(rows)
                     if r.fields.get("AdminComment")), "")

@@ -48,7 +48,7 @@ def write_when_finished(
             last = str(e)
         else:
             recs = adapter.accounting([job_id])
-            if recs and recs[-1].fields.get("AdminComment", "").lower() == want:
+            if any(r.fields.get("AdminComment", "").lower() == want for r in recs):
                 return f"written ({len(text)} bytes, try {attempt + 1})"
             last = "read back a different value"
         time.sleep(pause * (attempt + 1))

@@ -90,7 +90,11 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
         if not attempts and sub is not None and sub.shards < spg:
             shared = True
         out.collocated += shared
-        final = lines[-1].state
+        # latest attempt: sacct does not order them; one not started yet is the latest
+        final = max(
+            enumerate(lines),
+            key=lambda p: (p[1].start if p[1].start is not None else float("inf"), p[0]),
+        )[1].state
         if any(a.requeue and a.requeue.requeued for a in attempts) and final == "COMPLETED":
             out.recovered += 1
         done = [a for a in attempts if a.metrics and a.metrics.peak_mib and not a.oom]

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from slurm_colloc.metrics import store
-from slurm_colloc.slurm.adapter import SACCT_FIELDS, SlurmCli
+from slurm_colloc.slurm.adapter import SACCT_FIELDS, SlurmCli, by_start
 
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 _JOB_ID = re.compile(r"^\d{1,12}$")
@@ -105,8 +105,8 @@ class SlurmInquirer(Inquirer):
     def job_rows(self, job_id: str) -> list[JobRow]:
         if not _JOB_ID.match(job_id):
             return []
-        return [JobRow.from_fields(r.fields) for r in self.slurm.accounting([job_id])
-                if r.job_id == job_id]
+        rows = [r for r in self.slurm.accounting([job_id]) if r.job_id == job_id]
+        return [JobRow.from_fields(r.fields) for r in by_start(rows)]
 
     def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
         args = ["--parsable2", "--noheader", "--allocations", "--duplicates",

@@ -55,6 +55,19 @@ class AccountingRecord:
         return self.fields.get("ExitCode", "")
 
 
+def by_start(records: Sequence[AccountingRecord]) -> list[AccountingRecord]:
+    """Attempts of one job oldest first.
+
+    ``sacct --duplicates`` does not promise an order: a requeued job's rows came back
+    newest-first in one replay. Rows that never started (pending) sort last.
+    """
+    def key(r: AccountingRecord) -> tuple[int, str]:
+        start = r.fields.get("Start", "")
+        return (1, "") if not start or start in ("Unknown", "None") else (0, start)
+
+    return sorted(records, key=key)
+
+
 class SlurmAdapter(abc.ABC):
     """What colloc needs from Slurm; one method per question or action."""
 
@@ -259,7 +272,7 @@ def job_state(adapter: SlurmAdapter, job_id: int | str) -> str:
     info = adapter.show_job(job_id)
     if info is not None:
         return str(info.get("JobState", "UNKNOWN"))
-    recs = adapter.accounting([job_id])
+    recs = by_start(adapter.accounting([job_id]))
     return recs[-1].state.split()[0] if recs else "UNKNOWN"
 
 

@@ -84,3 +84,11 @@ def test_unknown_job_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_missing_tool_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ad.SlurmError, match="sacct: not found"):
         ad.SlurmCli(env={"PATH": "/nonexistent"}).accounting([1])
+
+
+def test_attempts_are_ordered_by_start_not_by_sacct_order() -> None:
+    newest = ad.AccountingRecord("24", "COMPLETED", {"Start": "2026-11-22T08:49:10"})
+    oldest = ad.AccountingRecord("24", "REQUEUED", {"Start": "2026-11-22T08:42:30"})
+    pending = ad.AccountingRecord("24", "PENDING", {"Start": "Unknown"})
+    assert [r.state for r in ad.by_start([newest, pending, oldest])] == [
+        "REQUEUED", "COMPLETED", "PENDING"]
