@@ -79,8 +79,8 @@ def _submit_table(slurm: SlurmCli, ids: dict[str, int]) -> Table:
     """Estimate, memory asked for and shards per job, from job_submit's record."""
     from slurm_colloc.site.record import parse_record
 
-    table = Table("job", "id", "how the size was set", "estimate", "asked (+margin)", "shards",
-                  "MPS limit")
+    table = Table("job", "id", "how the size was set", "estimate (incl. margin)", "asked",
+                  "shards", "MPS limit")
     for job in MIX:
         info = slurm.show_job(ids[job.name]) or {}
         rec = parse_record(str(info.get("AdminComment", "")))
