@@ -22,7 +22,7 @@ from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.control import MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node.job import JobContext
-from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter
+from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmCli, SlurmError
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,23 @@ def reap_stale(
     otherwise keep a daemon (and its pipe directory) alive forever.
     """
     reaped = []
+    active: set[int] | None = None
     for uid in tenancy.users_on(gpu):
         for job in tenancy.jobs_of(gpu, uid):
             if job == keep:
                 continue
-            info = adapter.show_job(job)
-            state = (info or {}).get("JobState", "UNKNOWN")
-            if info is None or state in TERMINAL_STATES or state == "PENDING":
+            if active is None and isinstance(adapter, SlurmCli):
+                try:  # one squeue for all markers instead of one scontrol each
+                    active = adapter.active_job_ids()
+                except SlurmError:
+                    active = None
+            if active is not None:
+                stale = job not in active
+            else:
+                info = adapter.show_job(job)
+                state = (info or {}).get("JobState", "UNKNOWN")
+                stale = info is None or state in TERMINAL_STATES or state == "PENDING"
+            if stale:
                 tenancy.remove_job(job)
                 reaped.append(job)
         if not tenancy.jobs_of(gpu, uid):

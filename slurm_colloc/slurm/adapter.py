@@ -248,6 +248,11 @@ class SlurmCli(SlurmAdapter):
         if job_ids:
             self.run("scancel", *(str(j) for j in job_ids), check=False)
 
+    def active_job_ids(self) -> set[int]:
+        """Jobs holding resources now (configuring, running, completing, suspended, ...)."""
+        cp = self.run("squeue", "-h", "-t", "CF,R,CG,S,ST,SO,RS,RD", "-o", "%A")
+        return {int(t) for t in cp.stdout.split() if t.isdigit()}
+
     def squeue_json(self) -> dict[str, Any]:
         """``squeue --json`` (all jobs the controller knows)."""
         data = json.loads(self.run("squeue", "--json").stdout)

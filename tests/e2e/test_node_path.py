@@ -177,3 +177,17 @@ def test_whole_gpu_jobs_never_land_next_to_shared_jobs(
     assert set(states.values()) == {"COMPLETED"}, states
     out = (workdir / f"{whole[0]}.out").read_text()
     assert "LIMIT= PIPE=" in out  # a whole GPU runs without MPS
+
+
+def test_stale_registrations_from_a_crashed_epilog_are_reaped(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    tenancy = Tenancy(Path(_cfg(cluster).mps_root))
+    for gpu in range(cluster.spec.gpus):  # as if an epilog died before releasing job 999999
+        tenancy.prepare_user_dirs(gpu, 0)
+        tenancy.add_job(gpu, 0, 999999)
+    job = sbatch(cluster, workdir, 'echo "GPU=$CUDA_VISIBLE_DEVICES"', "--gres=shard:2")
+    assert wait_for_jobs(slurm, [job], timeout=60)[str(job)] == "COMPLETED"
+    gpu = int((workdir / f"{job}.out").read_text().split("GPU=")[1].split()[0])
+    assert 999999 not in tenancy.jobs_of(gpu, 0)  # reaped by the prolog of the GPU's next job
+    tenancy.remove_job(999999)  # tidy the GPUs no job visited
