@@ -8,7 +8,8 @@ is always 0 because a non-zero Prolog/Epilog drains the node.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from slurm_colloc import config as cfgmod
 from slurm_colloc.node import job as jobmod
@@ -44,23 +45,37 @@ def _slurm(env: Mapping[str, str]) -> SlurmCli:
     return SlurmCli(env=main_env(env), timeout=20)
 
 
-def prolog_main(env: Mapping[str, str]) -> int:
-    """Prolog: see :mod:`slurm_colloc.node.prolog`."""
-    from slurm_colloc.node import prolog
+def _run_root_script(
+    component: str, env: Mapping[str, str], body: Callable[..., str], on_error: str
+) -> int:
+    """Shared frame of Prolog and Epilog: config, context, body, log; never raise.
 
-    log = node_logger("prolog", env.get("SLURM_JOB_ID", "?"), None)
+    ``body(ctx, cfg, adapter, log)`` returns the line to log. Any error is logged with
+    ``on_error`` (what the safe path means for the job) and the exit status stays 0.
+    """
+    log = node_logger(component, env.get("SLURM_JOB_ID", "?"), None)
     try:
-        cfg, log = _setup("prolog", env)
+        cfg, log = _setup(component, env)
         if cfg is None:
             return 0
         adapter = _slurm(env)
         ctx = jobmod.from_slurm(env, adapter)
-        decision = prolog.run(ctx, cfg, adapter)
-        log.info("%s gpu=%s limit_mib=%s %s", decision.mode, decision.gpu, decision.limit_mib,
-                 decision.detail)
-    except Exception as e:  # noqa: BLE001 - policy: log, run without MPS, never drain
-        log.error("internal error, job runs without MPS: %s: %s", type(e).__name__, e)
+        log.info("%s", body(ctx, cfg, adapter, log))
+    except Exception as e:  # noqa: BLE001 - policy: log, take the safe path, never drain
+        log.error("internal error, %s: %s: %s", on_error, type(e).__name__, e)
     return 0
+
+
+def prolog_main(env: Mapping[str, str]) -> int:
+    """Prolog: see :mod:`slurm_colloc.node.prolog`."""
+    from slurm_colloc.node import prolog
+
+    def body(ctx: jobmod.JobContext, cfg: cfgmod.CollocConfig, adapter: SlurmCli,
+             log: object) -> str:
+        d = prolog.run(ctx, cfg, adapter)
+        return f"{d.mode} gpu={d.gpu} limit_mib={d.limit_mib} {d.detail}"
+
+    return _run_root_script("prolog", env, body, "job runs without MPS")
 
 
 def task_prolog_main(env: Mapping[str, str]) -> int:
@@ -82,15 +97,8 @@ def epilog_main(env: Mapping[str, str]) -> int:
     """Epilog: see :mod:`slurm_colloc.node.epilog`."""
     from slurm_colloc.node import epilog
 
-    log = node_logger("epilog", env.get("SLURM_JOB_ID", "?"), None)
-    try:
-        cfg, log = _setup("epilog", env)
-        if cfg is None:
-            return 0
-        adapter = _slurm(env)
-        ctx = jobmod.from_slurm(env, adapter)
-        result = epilog.run(ctx, cfg, adapter, log)
-        log.info("%s", result.summary())
-    except Exception as e:  # noqa: BLE001 - policy: log, don't requeue, never drain
-        log.error("internal error, nothing requeued: %s: %s", type(e).__name__, e)
-    return 0
+    def body(ctx: jobmod.JobContext, cfg: cfgmod.CollocConfig, adapter: SlurmCli,
+             log: Any) -> str:
+        return epilog.run(ctx, cfg, adapter, log).summary()
+
+    return _run_root_script("epilog", env, body, "nothing requeued")
