@@ -11,11 +11,13 @@ See ``docs/estimators.md`` for the formats, the estimators and their accuracy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from estimators.base import Estimate, Estimator, Job
 from estimators.errors import EstimatorInputError, SummaryParseError
-from estimators.history import HISTORY_MARGIN, HistoryStore, SqliteHistory
+from estimators.history import HistoryStore, SqliteHistory
+from estimators.history_scaling import scale_history
 from estimators.model import Layer, ModelSummary
 from estimators.parsers import parse_summary, read_summary_file
 from estimators.registry import DEFAULT, get, names
@@ -56,23 +58,42 @@ def estimate(
     """Estimate a training job's peak GPU memory (MiB, as nvidia-smi reports it).
 
     ``summary`` is summary text (any supported format) or a parsed summary. When a
-    ``history`` store has a measured peak for the same fingerprint and job, that
-    measurement (plus :data:`HISTORY_MARGIN`) wins and the estimator is ``history``.
+    ``history`` store has measured peaks for the same fingerprint, sequence length,
+    optimizer and precision, they win (:mod:`estimators.history_scaling`): the estimator
+    is ``history`` (same batch size), ``history-fit`` (two or more other batch sizes)
+    or ``history-anchored`` (one other batch size plus this estimator's growth).
     """
     parsed = parse_summary(summary) if isinstance(summary, str) else summary
     job = Job(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer, precision=precision)
     est = get(estimator, model_factory=model_factory)
     if history is not None:
         fp = parsed.fingerprint()
-        measured = history.lookup(fp, batch_size, seq_len, optimizer, precision)
-        if measured is not None:
-            margin = math.ceil(measured * HISTORY_MARGIN)
-            return Estimate(
-                estimate_mib=measured + margin,
-                estimator="history",
-                breakdown={"measured_peak": float(measured), "margin": float(margin)},
-                margin_mib=margin,
-                fingerprint=fp,
-                uncertainty={"notes": [f"measured peak of an earlier run; {estimator} not used"]},
-            )
+        points = history.peaks(fp, seq_len, optimizer, precision)
+        if points:
+            return _from_history(points, parsed, job, est, estimator)
     return est.estimate(parsed, job)
+
+
+def _from_history(points: dict[int, int], parsed: ModelSummary, job: Job, est: Estimator,
+                  estimator: str) -> Estimate:
+    """An estimate from measured peaks of the same model (see :mod:`.history_scaling`)."""
+    cold: dict[int, Estimate] = {}
+
+    def cold_mib(b: int) -> int:
+        if b not in cold:
+            cold[b] = est.estimate(parsed, dataclasses.replace(job, batch_size=b))
+        return cold[b].estimate_mib
+
+    s = scale_history(points, job.batch_size, cold_mib)
+    assert s is not None  # points is not empty
+    margin = max(0, s.estimate_mib - math.ceil(s.peak_mib))
+    notes = [f"{s.basis} ({estimator} estimate {'also used' if cold else 'not used'})"]
+    return Estimate(
+        estimate_mib=s.estimate_mib,
+        estimator=s.estimator,
+        breakdown={"measured_peak" if s.method == "exact" else "inferred_peak":
+                   float(s.estimate_mib - margin), "margin": float(margin)},
+        margin_mib=margin,
+        fingerprint=parsed.fingerprint(),
+        uncertainty={"basis": s.basis, "history_points": len(points), "notes": notes},
+    )

@@ -1,7 +1,8 @@
-"""History hook: a measured peak for the same model and job beats any estimate.
+"""History hook: measured peaks of the same model beat any estimate from its summary.
 
 The metrics sidecar (another component) calls :meth:`SqliteHistory.record` after a
-job; ``colloc estimate`` calls :meth:`lookup` before estimating. Keys are the
+job; ``colloc estimate`` calls :meth:`peaks` before estimating, and
+:mod:`estimators.history_scaling` turns peaks at other batch sizes into this one's. Keys are the
 summary fingerprint plus the job parameters that change memory. The store keeps the
 largest peak seen (a job that once needed more may need it again).
 """
@@ -13,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-HISTORY_MARGIN = 0.05
-"""Margin on a measured peak: run-to-run variation of cuDNN algorithm choice and
-allocator caching, seen in repeated A100 runs, is a few percent."""
+from estimators.history_scaling import HISTORY_MARGIN
+
+__all__ = ["HISTORY_MARGIN", "HistoryStore", "SqliteHistory"]
 
 
 class HistoryStore(Protocol):
@@ -24,6 +25,11 @@ class HistoryStore(Protocol):
     def lookup(self, fingerprint: str, batch_size: int, seq_len: int | None, optimizer: str,
                precision: str) -> int | None:
         """Measured peak MiB of an earlier run with the same key, or None."""
+        ...
+
+    def peaks(self, fingerprint: str, seq_len: int | None, optimizer: str,
+              precision: str) -> dict[int, int]:
+        """Measured peak MiB by batch size for the key without the batch size."""
         ...
 
     def record(self, fingerprint: str, batch_size: int, seq_len: int | None, optimizer: str,
@@ -89,6 +95,27 @@ class SqliteHistory:
         finally:
             con.close()
         return int(row[0]) if row else None
+
+    def peaks(self, fingerprint: str, seq_len: int | None, optimizer: str,
+              precision: str) -> dict[int, int]:
+        """Largest measured peak per batch size ({} when nothing or no db)."""
+        try:
+            con = self._connect(create=False)
+        except sqlite3.Error:
+            return {}
+        if con is None:
+            return {}
+        try:
+            rows = con.execute(
+                "SELECT batch_size, peak_mib FROM peaks WHERE fingerprint=? AND seq_len=?"
+                " AND optimizer=? AND precision=?",
+                (fingerprint.lower(), seq_len or 0, optimizer, precision),
+            ).fetchall()
+        except sqlite3.Error:
+            return {}
+        finally:
+            con.close()
+        return {int(b): int(p) for b, p in rows}
 
     def record(self, fingerprint: str, batch_size: int, seq_len: int | None, optimizer: str,
                precision: str, peak_mib: int, job_id: str | None = None) -> None:

@@ -130,7 +130,10 @@ def test_history_measurement_wins(tmp_path: Path, resnet50: str) -> None:
     assert e.estimator == "history"
     assert e.estimate_mib == 7000 + e.margin_mib
     other = estimate(resnet50, batch_size=64, history=store)
-    assert other.estimator == "layer-aware"
+    assert other.estimator == "history-anchored"  # one other batch size measured
+    assert other.estimate_mib > e.estimate_mib
+    cold = estimate(resnet50, batch_size=64)
+    assert cold.estimator == "layer-aware"  # without history
     assert store.lookup(fp.upper(), 32, None, "adam", "fp32") == 7000  # case-insensitive
 
 
