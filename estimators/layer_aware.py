@@ -29,6 +29,11 @@ from estimators.model import ModelSummary
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
 
 
+TRACING_PRIOR = {"context_mib": 1500.0, "k": 1.2, "margin_rel": 0.5}
+"""Tracing constants when none were fitted: a typical context, 20% allocator overhead,
+a wide margin."""
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Fitted constants of the layer-aware model (see ``calibration.json``)."""
@@ -50,6 +55,9 @@ class Calibration:
     margin_abs_by_bucket: dict[str, float] = field(default_factory=dict)
     """Absolute margin (MiB) per bucket; a bucket not listed gets :attr:`margin_abs_mib`."""
     interval_by_bucket: dict[str, tuple[float, float]] = field(default_factory=dict)
+    tracing: dict[str, float] = field(default_factory=lambda: dict(TRACING_PRIOR))
+    """The tracing estimator's constants: ``context_mib``, ``k`` (reserved / traced
+    bytes) and ``margin_rel`` (on the traced part)."""
 
     def rel_margin(self, bucket: str) -> float:
         """The relative margin for an architecture bucket."""
@@ -85,6 +93,8 @@ class Calibration:
             interval_by_bucket={
                 str(a): (float(b[0]), float(b[1]))
                 for a, b in d.get("interval_by_bucket", {}).items()},
+            tracing={**TRACING_PRIOR,
+                     **{str(a): float(b) for a, b in d.get("tracing", {}).items()}},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +108,8 @@ class Calibration:
                            "abs_mib_by_bucket": self.margin_abs_by_bucket},
                 "interval": list(self.interval),
                 "interval_by_bucket": {b: list(v) for b, v in self.interval_by_bucket.items()},
-                "context_by_dataset": self.context_by_dataset}
+                "context_by_dataset": self.context_by_dataset,
+                "tracing": self.tracing}
 
 
 PRIOR = Calibration(
