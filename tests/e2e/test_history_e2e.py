@@ -40,3 +40,11 @@ def test_rerun_is_estimated_from_the_measured_peak(
     assert r2.est_mib is not None and 6144 <= r2.est_mib < r1.est_mib  # tighter, still safe
     assert r2.shards <= r1.shards
     assert wait_for_jobs(slurm, [second], timeout=90)[str(second)] == "COMPLETED"
+    # the same model at twice the batch: one measured batch size anchors the estimate
+    bigger = sbatch(cluster, workdir, "colloc-simjob --mem 5G --peak 6G --seconds 1",
+                    f"--colloc={SUMMARY}", "--colloc-batch-size=96",
+                    "--colloc-optimizer=momentum")
+    r3 = _record(slurm, bigger)
+    slurm.cancel([bigger])
+    assert r3.estimator == "history-anchored", r3
+    assert r3.est_mib is not None and r2.est_mib < r3.est_mib  # grows with the batch
