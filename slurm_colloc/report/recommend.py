@@ -78,7 +78,8 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
         advice.append(f"The first estimate ({gib(first.estimate_mib or est)}) was too low: "
                       f"this job peaked at {gib(f.peak_mib)}. Next time submit with "
                       f"--colloc-mem={need}G (peak + 10%) to share a GPU without a crash"
-                      + ("; a --colloc=SUMMARY rerun now uses this measured peak automatically."
+                      + ("; a --colloc=SUMMARY rerun (this or another batch size) is now "
+                         "sized from this measured peak automatically."
                          if (rep.submitted or {}).get("fingerprint") else "."))
     cap = f.limit_mib or rep.gpu_memory_mib
     sm = f.sm_activity
@@ -105,5 +106,8 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
             advice.append(f"This job used at most {gib(f.peak_mib)} of its {gib(f.limit_mib)} "
                           f"share: {need_shards} shards instead of {have} would do "
                           f"(--colloc-mem={math.ceil(need_shards * rep.shard_mib / 1024)}G), "
-                          "so it starts sooner and leaves room for others.")
+                          "so it starts sooner and leaves room for others."
+                          + (" A --colloc=SUMMARY rerun of this model (this or another batch "
+                             "size) is sized from this measured peak automatically."
+                             if (rep.submitted or {}).get("fingerprint") else ""))
     return notes, advice

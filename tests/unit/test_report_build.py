@@ -112,7 +112,17 @@ def test_collocated_job_report_and_json_contract() -> None:
     recs = " ".join(d["recommendations"])
     assert "batch" in recs  # SM 30 %, peak 34 % of the limit
     assert "shards instead of 6" in recs  # 2.1 GiB + 10 % fits 3 shards
+    assert "sized from this measured peak" not in recs  # no fingerprint: no history
     assert "Estimate 6.0 GiB vs measured peak 2.1 GiB" in " ".join(d["notes"])
+
+
+def test_over_request_advice_points_at_history_when_the_model_is_known() -> None:
+    w = world()
+    w.rows["40"] = [row("40", "COMPLETED", append_attempt(SUB + ",fp=0123abcd", COLLOCATED).lower())]
+    w.ser[("40", 0)] = series("40", 60, mem=2100, sm=30.0, tenants=("11",))
+    recs = " ".join(model.build("40", w, CFG).recommendations)
+    assert "shards instead of 6" in recs
+    assert "sized from this measured peak automatically" in recs
 
 
 def test_recovered_job_has_every_attempt_with_evidence_and_advice() -> None:
