@@ -57,16 +57,17 @@ def _build_fake(make: Any, mode: Any, torch: Any) -> tuple[Any, Any]:
     """The factory's model and example input as fake tensors of ``mode``.
 
     Built inside the fake mode first (no real memory). Constructors that read tensor
-    values (timm's ``[x.item() for x in torch.linspace(...)]`` drop-path schedules)
-    cannot run on fake tensors; those are built for real on the CPU (weights only) and
-    their parameters and buffers swapped for fakes.
+    values (timm's ``[x.item() for x in torch.linspace(...)]`` drop-path schedules,
+    ``torch.unique`` in RegNet's width rounding) cannot run on fake tensors; those
+    are built for real on the CPU (weights only) and their parameters and buffers
+    swapped for fakes.
     """
     try:
         with mode:
             built: tuple[Any, Any] = make()
             return built
     except Exception as e:  # a constructor failure of any kind: maybe data-dependent
-        if "DataDependent" not in type(e).__name__:
+        if not any(k in type(e).__name__ for k in ("DataDependent", "DynamicOutputShape")):
             raise EstimatorInputError(f"building the model failed: {e}") from e
     model, example = make()
     with torch.no_grad():
