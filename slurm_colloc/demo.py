@@ -9,6 +9,8 @@ Scenes (each uses the real sbatch/slurmctld/slurmd/slurmdbd and colloc's node sc
    keeps its log and requeues it on a whole GPU, it completes; its neighbours are
    untouched. Accounting (sacct) shows every attempt.
 3. ``colloc-report`` for a collocated job and for the recovered one.
+4. The estimate for the next runs of the resnet50 job at three batch sizes, from its
+   summary alone and with the peak the epilog filed in the estimator history.
 """
 
 from __future__ import annotations
@@ -195,3 +197,24 @@ def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,
             rep = model.build(str(jid), inquirer, cfg)
         console.print(text.render(rep))
     console.print(f"\nHTML with plots: colloc-report {ids[RECOVERED]} --html report.html")
+    _history_scene(console, cfg)
+
+
+def _history_scene(console: Console, cfg: cfgmod.CollocConfig) -> None:
+    """Scene 4: the next submissions of the same model are sized from its measured peak."""
+    from estimators import SqliteHistory, estimate
+
+    job = MIX[0]
+    summary = (SUMMARIES / "resnet50_torchinfo.txt").read_text()
+    history = SqliteHistory(cfg.history_db)
+    console.rule(f"Scene 4: the next {job.name} runs, sized from its measured peak")
+    table = Table("batch", "from the summary", "with history", "estimator", header_style="bold")
+    for batch in (32, 64, 16):
+        cold = estimate(summary, batch_size=batch, optimizer="sgd")
+        warm = estimate(summary, batch_size=batch, optimizer="sgd", history=history)
+        table.add_row(str(batch), f"{cold.estimate_mib / 1024:.1f} GiB",
+                      f"{warm.estimate_mib / 1024:.1f} GiB", warm.estimator)
+    console.print(table)
+    console.print("The epilog filed the measured peak under the summary's fingerprint; "
+                  "`sbatch --colloc=SUMMARY` at any batch size now asks for that much "
+                  "(docs/estimators.md, \"History\").")
