@@ -30,6 +30,7 @@ import ast
 import hashlib
 import json
 import lzma
+import math
 import statistics
 import subprocess
 import sys
@@ -163,8 +164,10 @@ def metrics(est: list[float], meas: list[float]) -> dict[str, float]:
 def evaluate(cases: list[Case]) -> dict[str, Callable[[Case], float | None]]:
     """The estimators compared: name -> function of a case (None = not applicable).
 
-    ``learned-q96`` is fitted here, on the calibration split only, every run (it is
-    a comparison, not shipped: it does not beat layer-aware on held-out data)."""
+    ``learned-q96`` and ``learned-gbm`` are fitted here, on the calibration split only,
+    every run (comparisons, not shipped: at matched coverage they do not beat
+    layer-aware on held-out data; docs/estimators.md). ``learned-gbm`` needs
+    scikit-learn (the ``bench`` extra) and is left out without it."""
     horus, la = HorusEstimator(), LayerAwareEstimator()
     prior = LayerAwareEstimator(PRIOR)
     learned = LayerAwareEstimator(fit_quantile(_rows(cases), tau=0.96), name="learned-q96")
@@ -172,12 +175,14 @@ def evaluate(cases: list[Case]) -> dict[str, Callable[[Case], float | None]]:
     def run(e: HorusEstimator | LayerAwareEstimator) -> Callable[[Case], float]:
         return lambda c: float(e.estimate(c.summary, Job(batch_size=c.batch)).estimate_mib)
 
+    gbm = learned_gbm(cases)
     return {
         "horus": run(horus),
         "faketensor": lambda c: c.faketensor,
         "tracing-cal": tracing_calibrated,
         "physics-prior": run(prior),
         "learned-q96": run(learned),
+        **({"learned-gbm": gbm} if gbm else {}),
         "layer-aware": run(la),
     }
 
@@ -209,6 +214,50 @@ def tracing_calibrated(c: Case) -> float | None:
         return None
     t = load_calibration().tracing
     return t["context_mib"] + t["k"] * c.faketensor * (1 + t["margin_rel"])
+
+
+def learned_gbm(cases: list[Case], alpha: float = 0.96) -> Callable[[Case], float | None] | None:
+    """A non-linear learned alternative (comparison only): gradient-boosted quantile
+    trees on the layer-aware features, predicting log(measured / unmargined layer-aware
+    estimate) at quantile ``alpha``; fitted on the calibration split's timm runs. None
+    when scikit-learn is missing (``pip install -e '.[bench]'``)."""
+    try:
+        from sklearn.ensemble import GradientBoostingRegressor
+    except ImportError:
+        return None
+    import numpy as np
+
+    from estimators.features import MARGIN_BUCKETS, margin_bucket
+    from estimators.layer_aware import base_breakdown
+    from estimators.layers import CATEGORIES
+
+    cal = load_calibration()
+
+    def feats(c: Case) -> tuple[list[float], float]:
+        f = compute(c.summary, c.batch, None, "adam", "fp32")
+        p = base_breakdown(f, cal)
+        base = sum(p.values())
+        act = sum(f.act.values()) + 1e-9
+        x = [math.log(base), math.log(c.batch), p["activations"] / base,
+             p["workspace"] / base, p["weights"] * 4 / base, f.largest / act,
+             f.attn_scores / act, *(f.act[k] / act for k in CATEGORIES),
+             *(float(margin_bucket(f) == b) for b in MARGIN_BUCKETS)]
+        return x, base
+
+    train = [c for c in cases if c.dataset == "timm" and not c.held_out]
+    xy = [feats(c) for c in train]
+    model = GradientBoostingRegressor(loss="quantile", alpha=alpha, n_estimators=200,
+                                      max_depth=2, learning_rate=0.05, min_samples_leaf=20,
+                                      subsample=0.8, random_state=0)
+    model.fit(np.array([x for x, _ in xy]),
+              np.array([math.log(c.measured / b) for c, (_, b) in zip(train, xy, strict=True)]))
+
+    def run(c: Case) -> float | None:
+        if c.dataset != "timm":
+            return None
+        x, base = feats(c)
+        return base * math.exp(float(model.predict(np.array([x]))[0]))
+    return run
 
 
 def history_table(cases: list[Case]) -> str:
