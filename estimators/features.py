@@ -35,6 +35,9 @@ class Features:
     """Weights, gradients, optimizer state, optimizer step temporaries (MiB)."""
     seq_len: int | None
     seq_assumed: bool
+    attention_rows: int = 0
+    """Rows (leaves or containers) of an attention type: the summary shows attention
+    even when its parameters sit in child layers (then no row is counted as such)."""
 
 
 MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
@@ -55,7 +58,7 @@ def margin_bucket(f: Features) -> str:
     * ``mlp``: everything else (linear layers, activations, norms, dropout).
     """
     a = f.act
-    if a["attention"] > 0 or a["attn_probs"] > 0 or f.attn_scores > 0:
+    if a["attention"] > 0 or a["attn_probs"] > 0 or f.attn_scores > 0 or f.attention_rows:
         return "attn_explicit" if a["attn_probs"] > 0 else "attn_hidden"
     if a["conv"] > 0:
         return "normfree" if (a["norm_composite"] > 0 or a["norm"] == 0) else "cnn"
@@ -85,7 +88,9 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     largest = 0.0
     scores = 0.0
     parents: list[str] = []  # type of the enclosing row at each depth
+    attention_rows = 0
     for layer in summary.layers:
+        attention_rows += category(layer.type) == "attention"
         del parents[layer.depth:]
         parent = parents[-1] if parents else ""
         parents.extend([layer.type] * (layer.depth + 1 - len(parents)))
@@ -119,6 +124,7 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
         params={k: v / MIB for k, v in pb.items()},
         seq_len=eff_seq,
         seq_assumed=assumed,
+        attention_rows=attention_rows,
     )
 
 

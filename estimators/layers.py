@@ -35,12 +35,12 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for cat, rx in (
         ("free", r"^(identity|flatten|unflatten|reshape|permute|inputlayer|view|"
                  r"zeropadding\dd|cropping\dd|add|concatenate|multiply|lambda|"
-                 r"stochasticdepth|droppath|layerscale\w*|scale\w*)$"),
+                 r"stochasticdepth|droppath|layerscale\w*|scale(\dd)?)$"),
         ("dropout", r"dropout"),
-        ("attention", r"(attention|attn)"),
+        ("attention", r"(attention|attn|^(mhsa|gpsa|mhsa\w*|\w*mla)$)"),
         ("softmax", r"^(log|radix)?softmax\d?d?$"),
         ("norm_composite", r"(evonorm|filterresponse|frn|globalresponse|grn|rmsnorm)"),
-        ("norm", r"(norm|normalization)"),
+        ("norm", r"(norm(?!free)|normalization)"),
         ("embedding", r"embedding$"),
         ("pool_max", r"max_?pool"),
         ("pool", r"(pool|pooling)"),
@@ -61,7 +61,7 @@ _CONTAINERS = re.compile(
 )
 
 
-_NO_SCORES = re.compile(r"(split|channel|squeeze|eca|cbam|gather|linearself|excite|gate)",
+_NO_SCORES = re.compile(r"(split|channel|squeeze|eca|cbam|gather|linearself|excite|gate|mla$)",
                         re.IGNORECASE)
 
 
