@@ -1,4 +1,4 @@
-"""What to ask for when a collocated job ran out of GPU memory.
+"""What to ask for when a collocated job ran out of GPU memory (or lost its MPS server).
 
 Pure arithmetic on shards, so it is easy to test and to explain in the report.
 """
@@ -12,6 +12,15 @@ from slurm_colloc.config import CollocConfig
 
 STEP_MIN_MIB = 5 * 1024
 MPS_FAULT_REASON = "MPS server fault caused by a co-tenant: same request"
+CUDA_FATAL_SHARED_REASON = (
+    "fatal CUDA error under MPS: one client's fault ends every client of the GPU's MPS "
+    "server and nothing says whose it was, so the job gets a GPU of its own "
+    "({n} shards); if the fault is its own it fails there alone and is not requeued again"
+)
+CUDA_FATAL_WHOLE_REASON = (
+    "fatal CUDA error on a GPU of its own: a bug in the job (or a GPU fault), not a "
+    "co-tenant's; not requeued"
+)
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,14 @@ def decide(
     ``gpu-oom`` of a shared job steps up (a whole GPU by default); ``mps-fault``
     (a co-tenant's fatal error took the MPS server down) requeues with the same
     request, because the job did nothing wrong. A job that already had a whole GPU
-    is never requeued for OOM: more of the same GPU does not exist.
+    is never requeued for OOM: more of the same GPU does not exist. ``cuda-fatal`` (a
+    sticky CUDA error) of a shared job may be a co-tenant's fault delivered to every
+    MPS client: it is requeued once on a whole GPU, where a job at fault fails alone;
+    on a whole GPU it is the job's own and is not requeued.
     """
-    if cause not in ("gpu-oom", "mps-fault"):
+    if cause == "cuda-fatal" and (shards <= 0 or shards >= shards_per_gpu):
+        return RequeueDecision(False, shards, CUDA_FATAL_WHOLE_REASON)
+    if cause not in ("gpu-oom", "mps-fault", "cuda-fatal"):
         return RequeueDecision(False, shards, "no GPU out-of-memory in the job's logs")
     if not cfg.requeue_on_oom:
         return RequeueDecision(False, shards, "requeue_on_oom is off in colloc.conf")
@@ -57,6 +71,9 @@ def decide(
         )
     if cause == "mps-fault":
         return RequeueDecision(True, shards, MPS_FAULT_REASON)
+    if cause == "cuda-fatal":
+        return RequeueDecision(True, shards_per_gpu,
+                               CUDA_FATAL_SHARED_REASON.format(n=shards_per_gpu))
     if cfg.step_up_policy == "step" and shards < shards_per_gpu:
         base = estimate_mib if estimate_mib else shards * cfg.shard_mib
         want = base + max(STEP_MIN_MIB, base // 2)

@@ -18,7 +18,8 @@ bounded whatever the user wrote:
 * **Never raises on I/O.** Missing, unreadable, refused (symlink, FIFO, device, wrong
   owner) or vanishing files give a :class:`ScanResult` whose ``status`` says so.
 
-Which cause wins when a log shows several: ``gpu-oom`` > ``mps-fault`` > ``host-oom``
+Which cause wins when a log shows several: ``gpu-oom`` > ``mps-fault`` > ``cuda-fatal`` >
+``host-oom``
 (see :data:`~slurm_colloc.oom.patterns.CAUSE_PRIORITY`); the evidence is the latest
 line of the winning cause. Other causes seen in the scanned part are listed in
 ``also_seen``. A match says what the log *shows*; whether the job failed because of
@@ -38,7 +39,7 @@ from slurm_colloc.config import CollocConfig
 from slurm_colloc.oom.patterns import CAUSE_PRIORITY, PATTERNS, OomPattern
 from slurm_colloc.oom.safe_open import RefusedPath, open_log
 
-ScanCause = Literal["gpu-oom", "host-oom", "mps-fault", "none"]
+ScanCause = Literal["gpu-oom", "host-oom", "mps-fault", "cuda-fatal", "none"]
 ScanStatus = Literal["ok", "missing", "refused", "unreadable"]
 
 MIB = 1 << 20

@@ -6,7 +6,11 @@ a missed one loses the job. Host-memory failures look similar in text (``Out of
 memory: Killed process``) but a bigger GPU share does not cure them, so they are
 recognised explicitly and reported as their own cause. MPS faults (a co-tenant's fatal
 error taking down every client of the GPU's MPS server) are a third cause: the job did
-nothing wrong and deserves a requeue, but not a bigger share.
+nothing wrong and deserves a requeue, but not a bigger share. ``cuda-fatal`` is the
+fourth: a sticky CUDA error (illegal address, device-side assert, launch failure).
+Under MPS (Volta and later) one client's fatal exception is reported to *every* client
+of the GPU's MPS server, and nothing says which one caused it, so a collocated job
+showing it may be a victim; on a GPU of its own it is the job's own bug.
 
 Each entry carries one real example line; ``tests/unit/test_oom_patterns.py`` checks
 every example matches its own entry and no entry of another cause. The ``source``
@@ -26,12 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Cause = Literal["gpu-oom", "mps-fault", "host-oom"]
+Cause = Literal["gpu-oom", "mps-fault", "cuda-fatal", "host-oom"]
 Confidence = Literal["high", "medium"]
 
-CAUSE_PRIORITY: dict[str, int] = {"gpu-oom": 3, "mps-fault": 2, "host-oom": 1, "none": 0}
+CAUSE_PRIORITY: dict[str, int] = {
+    "gpu-oom": 4, "mps-fault": 3, "cuda-fatal": 2, "host-oom": 1, "none": 0}
 """Which cause wins when a log shows several: a GPU OOM is the one colloc can act on
-(requeue on a whole GPU); an MPS fault also leads to a requeue; host OOM is reported."""
+(requeue on a whole GPU); an MPS fault also leads to a requeue; a fatal CUDA error
+leads to one only under MPS (see ``cuda-fatal`` below); host OOM is reported."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +302,52 @@ PATTERNS: tuple[OomPattern, ...] = (
         "RuntimeError: CUDA error: the hardware resources required to create MPS client "
         "have been exhausted",
         "CUDA runtime enum 808 and its cudaGetErrorString text (driver_types.h)",
+    ),
+    # ------------------------------------------------- fatal (sticky) CUDA errors -----
+    _p(
+        "cuda-illegal-address",
+        "cuda-fatal",
+        "cuda",
+        ["illegal memory access", "IllegalAddress", "ILLEGAL_ADDRESS"],
+        r"an illegal memory access was encountered|cudaErrorIllegalAddress|"
+        r"CUDA_ERROR_ILLEGAL_ADDRESS",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "CUDA runtime enum 700 and its cudaGetErrorString text (driver_types.h); "
+        "pytorch/pytorch#88559; under MPS reported to every client of the server "
+        "(NVIDIA MPS docs, error containment)",
+    ),
+    _p(
+        "cuda-device-assert",
+        "cuda-fatal",
+        "cuda",
+        ["device-side assert triggered", "cudaErrorAssert", "CUDA_ERROR_ASSERT"],
+        r"device-side assert triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b",
+        "RuntimeError: CUDA error: device-side assert triggered",
+        "CUDA runtime enum 710 and its cudaGetErrorString text (driver_types.h); "
+        "the usual face of an out-of-range class index in PyTorch",
+    ),
+    _p(
+        "cuda-launch-failure",
+        "cuda-fatal",
+        "cuda",
+        ["unspecified launch failure", "cudaErrorLaunchFailure", "CUDA_ERROR_LAUNCH_FAILED"],
+        r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED",
+        "RuntimeError: CUDA error: unspecified launch failure",
+        "CUDA runtime enum 719 and its cudaGetErrorString text (driver_types.h)",
+    ),
+    _p(
+        "cuda-illegal-instruction",
+        "cuda-fatal",
+        "cuda",
+        ["illegal instruction was encountered", "error: misaligned address",
+         "IllegalInstruction", "MisalignedAddress", "ILLEGAL_INSTRUCTION",
+         "MISALIGNED_ADDRESS"],
+        # "misaligned address" alone is also a CPU bus error: only CUDA's phrasing
+        r"an illegal instruction was encountered|CUDA error: misaligned address|"
+        r"cudaError(IllegalInstruction|MisalignedAddress)|"
+        r"CUDA_ERROR_(ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS)",
+        "RuntimeError: CUDA error: misaligned address",
+        "CUDA runtime enums 715 and 716 and their cudaGetErrorString texts (driver_types.h)",
     ),
     # --------------------------------------------------------------- host OOM -----
     _p(

@@ -49,7 +49,9 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
     for a in rep.attempts:
         if a.oom:
             ev = f"; log kept in {a.oom['evidence']}" if a.oom.get("evidence") else ""
-            where = "on a whole GPU" if a.oom.get("whole_gpu") else "under its MPS limit"
+            where = ("on a whole GPU" if a.oom.get("whole_gpu") else
+                     "under its MPS limit" if a.oom["cause"] == "gpu-oom" else
+                     "on a shared GPU (MPS)")
             notes.append(f"Attempt {a.attempt} died of {a.oom['cause']} {where}"
                          f" ({a.oom.get('pattern') or 'pattern unknown'}){ev}.")
         if a.requeue and a.requeue.get("requeued"):
@@ -64,6 +66,17 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
         elif a.sm_source == "utilization":
             notes.append(f"Attempt {a.attempt}: SM activity not measured (no DCGM); "
                          "GPU utilization shown instead, which overstates real use.")
+    fatal = [a for a in rep.attempts if a.oom and a.oom["cause"] == "cuda-fatal"]
+    if fatal and not rep.running:
+        if rep.state == "COMPLETED":
+            notes.append("The fatal CUDA error did not recur on a GPU of its own: it was most "
+                         "likely a co-tenant's fault, which MPS reports to every client.")
+        elif fatal[-1] is rep.attempts[-1] and fatal[-1].oom and fatal[-1].oom.get("whole_gpu"):
+            advice.append("The job hit a fatal CUDA error on a GPU of its own too, so the "
+                          "fault is in the job (or its GPU): rerun with "
+                          "CUDA_LAUNCH_BLOCKING=1 to see the failing kernel; a device-side "
+                          "assert usually means an out-of-range index (class labels, "
+                          "embedding ids).")
     f = _final(rep)
     if f is None or f.peak_mib is None:
         return notes, advice
@@ -73,7 +86,7 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
         notes.append(f"Estimate {gib(est)} vs measured peak {gib(f.peak_mib)} "
                      f"({err:+.0f}%).")
     first = rep.attempts[0] if rep.attempts else None
-    if first is not None and first.oom and not rep.running:
+    if first is not None and first.oom and first.oom["cause"] == "gpu-oom" and not rep.running:
         need = math.ceil(f.peak_mib * (1 + MARGIN) / 1024)
         advice.append(f"The first estimate ({gib(first.estimate_mib or est)}) was too low: "
                       f"this job peaked at {gib(f.peak_mib)}. Next time submit with "

@@ -11,6 +11,13 @@ from slurm_colloc.oom.patterns import BY_ID, PATTERNS
 
 # Real lines (numbers as seen in the cited threads) and the id each must get.
 REAL_LINES = [
+    ("RuntimeError: CUDA error: an illegal memory access was encountered",
+     "cuda-illegal-address"),
+    ("terminate called after throwing an instance of 'c10::Error'  what():  CUDA error: "
+     "unspecified launch failure", "cuda-launch-failure"),
+    ("../aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: "
+     "block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed. "
+     "RuntimeError: CUDA error: device-side assert triggered", "cuda-device-assert"),
     (
         "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total "
         "capacity; 14.2 GiB already allocated; 3.56 MiB free; 787.74 MiB cached)",
@@ -123,7 +130,7 @@ NOT_OOM = [
     "cudnn error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
     "epoch 3: memory 12.1 GiB, OOM-safe batch size 64",
     "torch.cuda.memory_summary(): |===== PyTorch CUDA memory summary =====|",
-    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "Bus error (core dumped): misaligned address in memcpy",
 ]
 
 
@@ -137,7 +144,7 @@ def test_ids_unique_and_fields_filled() -> None:
     for p in PATTERNS:
         assert re.fullmatch(r"[a-z0-9-]+", p.id)
         assert p.needles and p.example and p.source and p.framework
-        assert p.cause in ("gpu-oom", "mps-fault", "host-oom")
+        assert p.cause in ("gpu-oom", "mps-fault", "cuda-fatal", "host-oom")
 
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.id)

@@ -125,6 +125,31 @@ def test_over_request_advice_points_at_history_when_the_model_is_known() -> None
     assert "sized from this measured peak automatically" in recs
 
 
+def test_fatal_cuda_error_notes_victim_or_culprit() -> None:
+    """A shared attempt killed by a fatal CUDA error, requeued on a whole GPU: if the
+    rerun completes, the report says it was most likely a co-tenant's fault; if it
+    fails the same way alone, it tells the user the bug is theirs."""
+    fatal0 = Attempt(0, EST, shards=6, shard_mib=1024, limit_mib=6144, gpu=0, node="n0",
+                     co_tenants=("10",),
+                     oom=OomInfo("cuda-fatal", "cuda-illegal-address", "/ev/50/attempt0/x.out"),
+                     requeue=Requeue(True, "fatal CUDA error under MPS", "gres:shard:40", 40960))
+    fatal1 = Attempt(1, EST, shards=40, shard_mib=1024, gpu=1, node="n0",
+                     oom=OomInfo("cuda-fatal", "cuda-illegal-address", "/ev/50/attempt1/x.out",
+                                 whole_gpu=True),
+                     requeue=Requeue(False, "fatal CUDA error on a GPU of its own"))
+    w = world()
+    w.rows["50"] = [row("50", "REQUEUED", comment(fatal0), exit_code="1:0"),
+                    row("50", "COMPLETED", comment(fatal0, OOM1), el=30)]
+    w.rows["51"] = [row("51", "REQUEUED", comment(fatal0), exit_code="1:0"),
+                    row("51", "FAILED", comment(fatal0, fatal1), exit_code="1:0")]
+    ok = model.build("50", w, CFG)
+    assert any("co-tenant's fault" in n for n in ok.notes)
+    assert any("died of cuda-fatal on a shared GPU (MPS)" in n for n in ok.notes)
+    bad = model.build("51", w, CFG)
+    assert any("CUDA_LAUNCH_BLOCKING=1" in r for r in bad.recommendations)
+    assert not any("co-tenant's fault" in n for n in bad.notes)
+
+
 def test_recovered_job_has_every_attempt_with_evidence_and_advice() -> None:
     rep = model.build("13", world(), CFG)
     assert [a.attempt for a in rep.attempts] == [0, 1]

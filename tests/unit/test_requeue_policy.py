@@ -47,3 +47,17 @@ def test_host_oom_and_nothing_are_not_requeued() -> None:
 def test_co_tenant_mps_fault_keeps_the_request() -> None:
     d = _d(cause="mps-fault", shards=8)
     assert d.requeue and d.new_shards == 8
+
+
+def test_fatal_cuda_error_of_a_shared_job_goes_to_a_gpu_of_its_own() -> None:
+    """Under MPS a co-tenant's fatal fault reaches every client: a victim cannot be
+    told from the culprit, so each gets a whole GPU, where only a culprit fails again."""
+    d = _d(cause="cuda-fatal", shards=8)
+    assert d.requeue and d.new_shards == 40 and "GPU of its own" in d.reason
+
+
+def test_fatal_cuda_error_on_a_whole_gpu_is_the_jobs_own() -> None:
+    d = _d(cause="cuda-fatal", shards=40)
+    assert not d.requeue and "not requeued" in d.reason
+    assert not _d(cause="cuda-fatal", shards=8, restarts=2).requeue  # capped as well
+    assert not _d(cause="cuda-fatal", cfg=CollocConfig(requeue_on_oom=False)).requeue
