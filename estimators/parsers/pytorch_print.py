@@ -51,6 +51,13 @@ class _Node:
     width: int | None = None
     children: list[_Node] = field(default_factory=list)
     leaf: bool = False
+    args: str = ""
+    """A container's own extra_repr (printed above its children), if any."""
+    own: int = 0
+    """Parameters the container holds itself that print shows (ParameterList entries,
+    MultiheadAttention's input projection)."""
+    op_params: int | None = None
+    op_width: int | None = None
 
 
 def _kwargs(args: str) -> tuple[list[str], dict[str, str]]:
@@ -87,8 +94,48 @@ def _int(s: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _dims(s: str) -> int | None:
+    """Product of the integers in a size argument: ``(3, 3)`` -> 9, ``(768,)`` -> 768."""
+    ds = [int(d) for d in re.findall(r"\d+", s)]
+    if not ds:
+        return None
+    n = 1
+    for d in ds:
+        n *= d
+    return n
+
+
+def _rnn_params(typ: str, pos: list[str], kw: dict[str, str]) -> tuple[int | None, int | None]:
+    """``LSTM(64, 128, num_layers=2, bidirectional=True, proj_size=32)``: PyTorch's
+    ``weight_ih/hh_l{k}``, ``bias_ih/hh_l{k}`` (and LSTM's ``weight_hr``) per layer and
+    direction; the output width is ``hidden (or proj) x directions``."""
+    fin = _int(pos[0]) if pos else _int(kw.get("input_size"))
+    hid = _int(pos[1]) if len(pos) > 1 else _int(kw.get("hidden_size"))
+    if not fin or not hid:
+        return None, None
+    gates = {"lstm": 4, "gru": 3}.get(typ, 1)
+    layers = _int(kw.get("num_layers")) or 1
+    dirs = 2 if kw.get("bidirectional") == "True" else 1
+    proj = _int(kw.get("proj_size")) or 0
+    out = proj or hid
+    bias = kw.get("bias", "True") != "False"
+    total = 0
+    for k in range(layers):
+        x = fin if k == 0 else out * dirs
+        per_dir = gates * hid * (x + out) + (2 * gates * hid if bias else 0)
+        total += dirs * (per_dir + (proj * hid if proj else 0))
+    return total, out * dirs
+
+
 def _leaf_info(typ: str, args: str) -> tuple[int | None, int | None]:
-    """(params, width) from a leaf's constructor arguments, for the common layers."""
+    """(params, width) from a leaf's constructor arguments, for the common layers.
+
+    What ``repr`` shows, per layer: ``Conv2d(3, 64, kernel_size=(7, 7), ...)`` (the
+    kernel is a keyword), Hugging Face's ``Conv1D(nf=2304, nx=768)`` (GPT-2's
+    transposed linear), ``LayerNorm((768,), ..., bias=False)`` and RMSNorm (weight
+    only), ``GroupNorm(groups, channels)``, recurrent layers (see :func:`_rnn_params`).
+    Unknown types give ``(None, None)``: no parameters, the previous layer's width.
+    """
     pos, kw = _kwargs(args)
     bias = kw.get("bias", "True") != "False"
     t = typ.lower()
@@ -96,31 +143,72 @@ def _leaf_info(typ: str, args: str) -> tuple[int | None, int | None]:
         fin, fout = _int(kw.get("in_features")), _int(kw.get("out_features"))
         if fin and fout:
             return fin * fout + (fout if bias else 0), fout
-    if t == "embedding" and len(pos) >= 2:
+    if t in {"embedding", "embeddingbag"} and len(pos) >= 2:
         n, d = _int(pos[0]), _int(pos[1])
         if n and d:
             return n * d, d
+    if t == "conv1d" and "nf" in kw and "nx" in kw:  # transformers.pytorch_utils.Conv1D
+        nf, nx = _int(kw["nf"]), _int(kw["nx"])
+        if nf and nx:
+            return nx * nf + nf, nf
+    if t in {"lstm", "gru", "rnn"}:
+        return _rnn_params(t, pos, kw)
+    if t == "prelu":
+        n = _int(kw.get("num_parameters")) or 1
+        return n, None
+    if t == "bilinear":
+        f1, f2 = _int(kw.get("in1_features")), _int(kw.get("in2_features"))
+        fout = _int(kw.get("out_features"))
+        if f1 and f2 and fout:
+            return f1 * f2 * fout + (fout if bias else 0), fout
     if "norm" in t:
-        width = _int(pos[0]) if pos else None
+        if t == "groupnorm":
+            width = _int(pos[1]) if len(pos) > 1 else _int(kw.get("num_channels"))
+        else:
+            width = _dims(pos[0]) if pos else None
         affine = kw.get("elementwise_affine", kw.get("affine", "True")) != "False"
         if width:
-            return (2 * width if affine else 0), width
-    if t.startswith("conv") and len(pos) >= 3:
+            per = 1 if "rms" in t or not bias else 2  # RMSNorm has a weight, no bias
+            return (per * width if affine else 0), width
+    if t.startswith("conv") and len(pos) >= 2:
         cin, cout = _int(pos[0]), _int(pos[1])
-        ks = re.findall(r"\d+", pos[2])
+        k = _dims(kw["kernel_size"]) if "kernel_size" in kw else (
+            _dims(pos[2]) if len(pos) >= 3 else None)
         groups = _int(kw.get("groups")) or 1
-        if cin and cout and ks:
-            k = 1
-            for d in ks:
-                k *= int(d)
+        if cin and cout and k:
             return cin // groups * cout * k + (cout if bias else 0), cout
-    if t == "conv1d" or t == "conv1d_hf":
-        return None, None
     return None, None
 
 
+_PARAM_LINE = re.compile(
+    r"^(?:\([^)]*\):\s*)?(?:Parameter|Tensor) containing:\s*\[\S+ of size (?P<size>[\dx]*)"
+)
+"""A ``ParameterList`` / ``ParameterDict`` entry: ``(0): Parameter containing:
+[torch.float32 of size 10x32]`` (a 0-d parameter has an empty size)."""
+_OBJECT_LINE = re.compile(r"^(?:\([^)]*\):\s*)?Object of type: \S+$")
+
+
+def _mha_in_proj(node: _Node) -> int:
+    """``MultiheadAttention`` owns its packed ``in_proj_weight`` (3E x E) and bias; print
+    shows only its ``out_proj`` child (E x E). Assumes ``kdim = vdim = E`` (the default)."""
+    out = next((c for c in node.children if c.leaf and c.width), None)
+    if out is None or out.width is None:
+        return 0
+    e = out.width
+    bias = out.params is not None and out.params > e * e
+    return 3 * e * e + (3 * e if bias else 0)
+
+
 def parse(text: str) -> ModelSummary:
-    """Parse ``print(model)`` output into a :class:`ModelSummary`."""
+    """Parse ``print(model)`` output into a :class:`ModelSummary`.
+
+    Besides ``(name): Type(args)`` leaves and ``(name): Type(`` ... ``)`` containers,
+    ``repr`` prints a module's own ``extra_repr`` lines at the top of its body when it
+    also has children (timm's ``BatchNormAct2d(`` / ``32, eps=1e-05, ...`` / ``(act):
+    SiLU()`` / ``)``) or when the extra_repr spans several lines (then the body is the
+    arguments of a leaf); ``ParameterList`` entries are ``(0): Parameter containing:
+    [torch.float32 of size 10]`` lines. All three are read, not rejected.
+    """
     lines = text.splitlines()
     root: _Node | None = None
     stack: list[_Node] = []
@@ -136,6 +224,7 @@ def parse(text: str) -> ModelSummary:
                 raise SummaryParseError("print(model): ')' closes nothing", line_no=i + 1,
                                         line=raw)
             node = stack.pop()
+            _close(node)
             if count is not None:
                 node.params = count
             continue
@@ -158,6 +247,19 @@ def parse(text: str) -> ModelSummary:
                          params=count if count is not None else params, width=width, leaf=True)
             stack[-1].children.append(node)
             continue
+        pm = _PARAM_LINE.match(body)
+        if pm and stack:
+            n = 1
+            for d in pm.group("size").split("x") if pm.group("size") else []:
+                n *= int(d)
+            stack[-1].own += n
+            continue
+        if _OBJECT_LINE.match(body) and stack:
+            continue
+        if stack and not stack[-1].children and not re.match(r"^\([^)]*\):", body):
+            # the module's own extra_repr, printed above its children
+            stack[-1].args = f"{stack[-1].args}, {body}" if stack[-1].args else body
+            continue
         if root is not None and not stack:
             break  # trailing text after the model
         raise SummaryParseError("print(model): not a module line", line_no=i + 1, line=raw)
@@ -169,18 +271,24 @@ def parse(text: str) -> ModelSummary:
     layers: list[Layer] = []
     prev_width: list[int | None] = [None]
 
+    def emit(typ: str, params: int, width: int | None, depth: int) -> None:
+        width = width if width is not None else prev_width[0]
+        prev_width[0] = width
+        layers.append(Layer(type=typ, params=params, width=width, depth=depth))
+
     def walk(node: _Node, depth: int) -> int:
         """Flatten to leaves (repeats expanded); returns the node's parameter total."""
         if node.leaf:
-            width = node.width if node.width is not None else prev_width[0]
-            prev_width[0] = width
             p = node.params or 0
             for _ in range(node.rep):
-                layers.append(Layer(type=node.type, params=p, width=width, depth=depth))
+                emit(node.type, p, node.width, depth)
             return p * node.rep
         total = 0
         for _ in range(node.rep):
-            sub = 0
+            if node.op_params is not None or node.op_width is not None:
+                # a container that computes itself (BatchNormAct2d): its op is a layer
+                emit(node.type, node.op_params or 0, node.op_width, depth + 1)
+            sub = node.own + (node.op_params or 0)
             for child in node.children:
                 sub += walk(child, depth + 1)
             total += sub
@@ -192,6 +300,20 @@ def parse(text: str) -> ModelSummary:
     meta = {"max_positions": str(seq)} if seq else {}
     return ModelSummary(format="pytorch-print", layers=tuple(layers), total_params=total,
                         trainable_params=total, meta=meta)
+
+
+def _close(node: _Node) -> None:
+    """Finish a node at its ``)``: a body of only arguments is a leaf (multi-line
+    extra_repr); a container's own arguments are its op; MultiheadAttention's packed
+    input projection is added to what its children show."""
+    if node.args and not node.children:
+        node.leaf = True
+        node.params, node.width = _leaf_info(node.type, node.args)
+        return
+    if node.args:
+        node.op_params, node.op_width = _leaf_info(node.type, node.args)
+    if node.type == "MultiheadAttention":
+        node.own += _mha_in_proj(node)
 
 
 def _max_positions(lines: list[str]) -> int | None:

@@ -48,7 +48,7 @@ def test_breakdown_adds_up_and_includes_margin(resnet50: str) -> None:
     assert e.breakdown["margin"] == pytest.approx(e.margin_mib, abs=1)
 
 
-@pytest.mark.parametrize("fname", sorted(p.name for p in DATA.iterdir()))
+@pytest.mark.parametrize("fname", sorted(p.name for p in DATA.iterdir() if p.is_file()))
 def test_monotone_in_batch_and_optimizer(fname: str) -> None:
     s = read_summary_file(DATA / fname)
     sizes = [estimate(s, batch_size=b).estimate_mib for b in (1, 8, 64, 512)]
