@@ -7,7 +7,8 @@ within about 2.5x (5th-95th percentile on timm), while one model's peaks lie clo
 a straight line in the batch size (activations grow linearly; the CUDA context,
 weights and optimizer state do not). So:
 
-* **exact**: a run with this batch size was measured -> that peak + ``HISTORY_MARGIN``;
+* **exact**: a run with this batch size was measured -> that peak + ``HISTORY_MARGIN``
+  (or a larger one measured at a smaller batch);
 * **fit** (two or more other batch sizes measured): the least-squares line through
   them, slope clamped at >= 0, times ``1 + FIT_MARGIN``; never below a measured peak
   at a batch size <= this one (peaks do not shrink with the batch), nor, below the
@@ -79,7 +80,9 @@ def scale_history(points: Mapping[int, int], batch_size: int,
     if not pts:
         return None
     if batch_size in pts:
-        peak = pts[batch_size]
+        # a larger peak measured at a smaller batch was a transient (cuDNN benchmark
+        # trials) that can come back: it is kept as a floor, as for the fit
+        peak = max(p for b, p in pts.items() if b <= batch_size)
         return Scaled("exact", peak, math.ceil(peak * (1 + HISTORY_MARGIN)),
                       f"measured at batch {batch_size}")
     listed = ", ".join(f"{b}: {pts[b]:.0f} MiB" for b in sorted(pts))
