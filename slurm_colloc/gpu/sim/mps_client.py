@@ -3,7 +3,9 @@
 Real CUDA connects to the control daemon at context creation and blocks there while
 another user's server still has clients; a job then looks hung while its time limit
 runs. The simjob reproduces that wait (and says what it waits for) so the node
-scripts' multi-user policy can be tested against it.
+scripts' multi-user policy can be tested against it. A server recovering from a
+client's fatal GPU exception refuses new clients of its user: :class:`ServerNotReady`
+(CUDA's ``cudaErrorMpsServerNotReady``).
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slurm_colloc.gpu.sim.mps_protocol import (
+    NOT_READY,
     SOCKET_NAME,
-    LineReader,
+    ExactLineReader,
     MpsError,
     ServerGrant,
+    ServerNotReady,
     connect,
     parse_ready,
 )
+
+__all__ = ["MpsError", "ServerNotReady", "Stopped", "daemon_present", "request_server"]
 
 
 class Stopped(Exception):
@@ -42,23 +48,33 @@ def request_server(
 
     ``on_wait(uid, server_pid, n_clients)`` is called for every WAIT the daemon sends.
     Keep the returned socket open for as long as the process uses the GPU: closing it
-    is how the daemon learns the client is gone.
+    is how the daemon learns the client is gone. Nothing after the READY line is
+    read, so a later ``FATAL`` is still there for the caller to find.
+
+    Raises :class:`ServerNotReady` if the daemon answers ``NOTREADY`` (the server is
+    recovering from a fatal GPU exception), :class:`Stopped` if ``should_stop()``
+    turns true while waiting, :class:`MpsError` on anything else unexpected.
     """
     sock = connect(pipe_dir)
     try:
         sock.sendall(f"CLIENT {device}\n".encode())
         sock.settimeout(poll_s)
-        reader = LineReader(sock)
+        reader = ExactLineReader(sock)
         while True:
             if should_stop():
                 raise Stopped
             try:
-                line = reader.read_until(b"\n")
+                line = reader.read_line()
             except TimeoutError:
                 continue
             if line is None:
                 raise MpsError("MPS control daemon closed the connection before granting a server")
             words = line.split()
+            if words == [NOT_READY]:
+                raise ServerNotReady(
+                    "MPS server is not ready to accept new MPS client requests "
+                    "(it is recovering from a fatal GPU exception)"
+                )
             if words and words[0] == "WAIT" and len(words) == 4:
                 on_wait(int(words[1]), int(words[2]), int(words[3]))
                 continue

@@ -22,6 +22,12 @@ another UID is queued and the running server is asked to shut down once its clie
 are gone, then a server for the queued UID starts; defaults set by ``set_default_*``
 apply to servers started afterwards, not to running ones. Each server is a real
 (idle) child process running as its UID, so ``get_server_list`` prints live PIDs.
+
+Error containment (Volta and later MPS): a client that reports a fatal GPU exception
+(``FAULT``, see :mod:`.mps_protocol`) puts its server in recovery: every other client
+of the server is told (``FATAL``), new clients of that user are refused
+(``NOTREADY``, CUDA's ``cudaErrorMpsServerNotReady``) until all the server's clients
+have exited, then the server accepts clients again.
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from typing import Any, TextIO
 
 from slurm_colloc.gpu.sim.mps_protocol import (
     END,
+    FATAL,
+    FAULT,
     MAX_LINE,
+    NOT_READY,
     PID_FILE,
     SOCKET_NAME,
     LineReader,
@@ -102,6 +111,7 @@ class Client:
     pid: int
     uid: int
     device: int
+    buf: bytes = b""  # a partial line the client sent after READY
 
 
 @dataclass
@@ -114,6 +124,7 @@ class Server:
     limits: dict[int | None, int]
     clients: list[Client] = field(default_factory=list)
     terminating: bool = False
+    faulted: bool = False  # a client hit a fatal GPU exception; recovering until empty
 
     @property
     def pid(self) -> int:
@@ -194,6 +205,7 @@ class Daemon:
         return server
 
     def _stop_server(self, server: Server, force: bool = False) -> None:
+        server.faulted = False  # the server goes away: no recovery to report
         for c in list(server.clients):
             self._drop_client(c)
         with contextlib.suppress(ProcessLookupError):
@@ -222,6 +234,7 @@ class Daemon:
         for server in list(self.servers):
             if server.proc.poll() is not None:
                 self.log.ctl(f"Server {server.pid} exited with status {server.proc.returncode}")
+                server.faulted = False
                 for c in list(server.clients):
                     self._drop_client(c)
                 self.servers.remove(server)
@@ -242,9 +255,18 @@ class Daemon:
 
     def _new_client(self, conn: socket.socket, device: int) -> None:
         pid, uid, _ = peer_credentials(conn)
+        active = self._active()
+        if active is not None and active.uid == uid and active.faulted:
+            self.log.ctl(
+                f"NEW CLIENT {pid} from user {uid}: Server {active.pid} is recovering "
+                "from a fatal exception: not ready"
+            )
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{NOT_READY}\n".encode())
+            self._close_conn(conn)
+            return
         client = Client(conn, pid, uid, device)
         self.clients[conn] = client
-        active = self._active()
         if active is not None and active.uid == uid and not active.terminating:
             self.log.ctl(f"NEW CLIENT {pid} from user {uid}: Server already exists")
             self._grant(active, client)
@@ -278,6 +300,46 @@ class Daemon:
             if client in s.clients:
                 s.clients.remove(client)
                 self.log.srv(s.pid, f"Client {client.pid} disconnected")
+                if s.faulted and not s.clients:
+                    s.faulted = False
+                    self.log.srv(s.pid, "All clients exited: recovered")
+
+    def _client_data(self, client: Client, data: bytes) -> None:
+        """Lines a connected CUDA client sends: only ``FAULT`` means anything."""
+        client.buf += data
+        while b"\n" in client.buf:
+            raw, client.buf = client.buf.split(b"\n", 1)
+            if raw.decode("utf-8", "replace").split() == [FAULT]:
+                self._fault(client)
+        if len(client.buf) > MAX_LINE:
+            client.buf = b""
+
+    def _fault(self, client: Client) -> None:
+        """``client`` hit a fatal GPU exception: the whole server recovers (Volta+ MPS)."""
+        server = next((s for s in self.servers if client in s.clients), None)
+        if server is None:
+            self.log.ctl(
+                f"Client {client.pid} reported a fatal GPU exception before it had a server: "
+                "ignored"
+            )
+            return
+        if server.faulted:
+            self.log.srv(
+                server.pid,
+                f"Client {client.pid} encountered a fatal GPU exception; "
+                "already recovering from a fatal exception",
+            )
+            return
+        server.faulted = True
+        others = [c for c in server.clients if c is not client]
+        for c in others:  # a client that is gone shows up as EOF in the event loop
+            with contextlib.suppress(OSError):
+                c.conn.sendall(f"{FATAL}\n".encode())
+        self.log.srv(
+            server.pid,
+            f"Client {client.pid} encountered a fatal GPU exception; reported to "
+            f"{len(others)} other client(s); new clients refused until all have exited",
+        )
 
     # --- UI commands --------------------------------------------------------------
     def command(self, line: str, uid: int) -> str:
@@ -386,9 +448,11 @@ class Daemon:
         except OSError:
             data = b""
         if conn in self.clients:
-            if not data:  # a client only ever speaks once; EOF means it is gone
+            if not data:  # EOF: the client is gone (even if SIGKILLed)
                 self._drop_client(self.clients[conn])
                 self._schedule()
+            else:
+                self._client_data(self.clients[conn], data)
             return
         if not data:
             self._close_conn(conn)
@@ -410,6 +474,8 @@ class Daemon:
                 data = rest
             elif len(words) == 2 and words[0] == "CLIENT" and words[1].isdigit():
                 self._new_client(conn, int(words[1]))
+                if rest and conn in self.clients:
+                    self._client_data(self.clients[conn], rest)
                 return
             else:
                 self.log.ctl("Unable to read new connection type information")

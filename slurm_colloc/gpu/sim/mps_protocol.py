@@ -12,6 +12,19 @@ connect there. The stand-in does the same with a small line protocol:
   <active_thread_pct>``. The client keeps the connection open for its lifetime; the
   daemon learns of its end (even SIGKILL) when the socket closes. The client's uid
   and pid come from ``SO_PEERCRED``, never from the client's word.
+
+Fatal GPU exceptions (error containment of Volta and later MPS): after READY a
+client may send the line ``FAULT``: it hit a fatal GPU exception (an illegal memory
+access, a device-side assert). The daemon then marks that client's server faulted
+and sends ``FATAL`` to every *other* client of the server (the real MPS reports the
+exception to all clients of the server on that GPU and does not say whose it was;
+the faulting client knows already). A client must exit on ``FATAL``. While the
+server is faulted, a new ``CLIENT <device>`` connection of the server's user is
+answered ``NOTREADY`` and closed (CUDA's ``cudaErrorMpsServerNotReady``); a client of
+another user is answered ``WAIT`` as usual. When the faulted server's last client
+has disconnected, the daemon logs the recovery and clears the fault; the server
+keeps running and accepts clients again. Other daemons (other GPUs) are unaffected.
+The daemon ignores any other line a client sends.
 """
 
 from __future__ import annotations
@@ -32,10 +45,20 @@ LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 END = b"\0"
 MAX_LINE = 4096
+FAULT = "FAULT"
+FATAL = "FATAL"
+NOT_READY = "NOTREADY"
 
 
 class MpsError(RuntimeError):
     """The MPS stand-in cannot be reached or answered nonsense."""
+
+
+class ServerNotReady(MpsError):
+    """The user's MPS server is recovering from a fatal GPU exception (``NOTREADY``).
+
+    CUDA returns ``cudaErrorMpsServerNotReady`` (807) to a new client in that state.
+    """
 
 
 def pipe_dir_from_env() -> Path:
@@ -87,6 +110,42 @@ class LineReader:
             self.buf += chunk
         msg, self.buf = self.buf.split(sep, 1)
         return msg.decode("utf-8", "replace")
+
+
+class ExactLineReader:
+    """``\\n``-terminated lines from a socket, never reading past the line returned.
+
+    A CUDA client keeps its connection after the handshake and later watches it for
+    ``FATAL``; anything the daemon sent after READY must still be in the socket then,
+    not in a reader's buffer. Lines are found with ``MSG_PEEK`` and only their bytes
+    are consumed. A socket timeout (``TimeoutError``) keeps a partial line for the
+    next call.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        """Wrap ``sock``; the caller keeps ownership."""
+        self.sock = sock
+        self.partial = b""
+
+    def read_line(self) -> str | None:
+        """Next line (without ``\\n``); None at EOF."""
+        while True:
+            peek = self.sock.recv(MAX_LINE, socket.MSG_PEEK)
+            if not peek:
+                return None
+            nl = peek.find(b"\n")
+            want = len(peek) if nl < 0 else nl + 1
+            while want > 0:  # peeked bytes are queued: these reads do not block
+                chunk = self.sock.recv(want)
+                if not chunk:
+                    return None
+                self.partial += chunk
+                want -= len(chunk)
+            if nl >= 0:
+                line, self.partial = self.partial[:-1], b""
+                return line.decode("utf-8", "replace")
+            if len(self.partial) > MAX_LINE:
+                raise MpsError("message from MPS daemon too long")
 
 
 def ui_command(sock: socket.socket, reader: LineReader, command: str) -> str:

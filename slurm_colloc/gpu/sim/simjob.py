@@ -8,9 +8,18 @@ while another user's MPS server is busy), holds ``--mem`` on the GPU and grows t
 when co-located jobs saturate the GPU (:mod:`.interference`), and dies with
 PyTorch's OOM text when an allocation exceeds its MPS limit or the GPU's free memory.
 
-Exit codes: 0 done; 1 CUDA out of memory (like PyTorch); 2 bad input or environment
-(unparseable size, negative memory, no or non-existent GPU, missing state dir);
-killed by SIGTERM (scancel) after removing its records.
+With ``--fault-at`` it hits a fatal GPU exception (an illegal memory access) at that
+fraction of its work. Under MPS it tells the daemon, which reports the exception to
+every other client of the same server, as Volta+ MPS does: those jobs die with the
+same PyTorch error, and the server refuses new clients of that user until all of
+them have exited (:mod:`.mps_protocol`).
+
+Exit codes: 0 done; 1 a CUDA error, as PyTorch exits on an uncaught exception: out
+of memory, an illegal memory access (its own ``--fault-at``, or another client's
+reported by MPS), or an MPS server not ready to accept new clients (recovering from
+such a fault); 2 bad input or environment (unparseable size, negative memory, no or
+non-existent GPU, missing state dir); killed by SIGTERM (scancel) after removing its
+records. Every exit path removes its records and releases its memory.
 """
 
 from __future__ import annotations
@@ -18,18 +27,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.gpu.sim import mps_client
+from slurm_colloc.gpu.sim.cuda_errors import (
+    ILLEGAL_ADDRESS,
+    MPS_SERVER_NOT_READY,
+    torch_cuda_error,
+)
 from slurm_colloc.gpu.sim.interference import DEFAULT_MODEL, InterferenceModel
-from slurm_colloc.gpu.sim.mps_protocol import LIMIT_ENV, PIPE_ENV, THREADS_ENV, MpsError
+from slurm_colloc.gpu.sim.mps_protocol import (
+    FATAL,
+    FAULT,
+    LIMIT_ENV,
+    MAX_LINE,
+    PIPE_ENV,
+    THREADS_ENV,
+    MpsError,
+    ServerNotReady,
+)
 from slurm_colloc.gpu.sim.oom import torch_oom_message, torch_traceback
 from slurm_colloc.gpu.sim.sizes import SizeError, limit_for, parse_device_limits, parse_size_mib
 from slurm_colloc.gpu.sim.state import (
@@ -46,7 +71,8 @@ from slurm_colloc.gpu.sim.state import (
 )
 
 STATE_ENV = "COLLOC_SIM_STATE"
-EXIT_OOM = 1
+EXIT_CUDA = 1  # any CUDA error, as PyTorch exits on an uncaught RuntimeError
+EXIT_OOM = EXIT_CUDA
 EXIT_USAGE = 2
 TICK_S = 0.1
 
@@ -57,6 +83,10 @@ class UsageError(Exception):
 
 class OutOfMemory(Exception):
     """An allocation did not fit; carries the PyTorch message."""
+
+
+class CudaRuntimeError(Exception):
+    """Another CUDA error (illegal address, MPS server not ready); carries PyTorch's text."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +100,7 @@ class JobSpec:
     seconds: float
     state_dir: Path
     time_scale: float | None
+    fault_at: float | None = None
 
 
 def _size(text: str, what: str) -> int:
@@ -86,6 +117,12 @@ def parse_args(argv: list[str] | None) -> JobSpec:
     p.add_argument("--peak", help="peak memory it grows to (default: --mem)")
     p.add_argument(
         "--peak-at", type=float, default=0.5, help="fraction of work at which the peak is reached"
+    )
+    p.add_argument(
+        "--fault-at",
+        type=float,
+        metavar="FRAC",
+        help="fraction of work at which it hits a fatal GPU exception (illegal memory access)",
     )
     p.add_argument(
         "--sm-activity", type=float, default=80.0, help="SM activity alone on the GPU, %%"
@@ -108,6 +145,8 @@ def parse_args(argv: list[str] | None) -> JobSpec:
         raise UsageError(f"--peak ({peak} MiB) is smaller than --mem ({mem} MiB)")
     if not 0.0 <= a.peak_at <= 1.0:
         raise UsageError(f"--peak-at {a.peak_at}: must be a fraction between 0 and 1")
+    if a.fault_at is not None and not 0.0 <= a.fault_at <= 1.0:
+        raise UsageError(f"--fault-at {a.fault_at}: must be a fraction between 0 and 1")
     if not 0.0 <= a.sm_activity <= 100.0:
         raise UsageError(f"--sm-activity {a.sm_activity}: must be a percentage 0..100")
     if not a.seconds > 0:
@@ -115,7 +154,14 @@ def parse_args(argv: list[str] | None) -> JobSpec:
     if a.time_scale is not None and not a.time_scale > 0:
         raise UsageError(f"--time-scale {a.time_scale}: must be positive")
     return JobSpec(
-        mem, peak, a.peak_at, a.sm_activity, a.seconds, _state_dir(a.gpu_state), a.time_scale
+        mem,
+        peak,
+        a.peak_at,
+        a.sm_activity,
+        a.seconds,
+        _state_dir(a.gpu_state),
+        a.time_scale,
+        a.fault_at,
     )
 
 
@@ -175,15 +221,26 @@ def visible_gpu(spec: SimSpec, env: dict[str, str]) -> int:
 class SimJob:
     """One running simjob: its GPU footprint, MPS connection and progress."""
 
-    def __init__(self, job: JobSpec, spec: SimSpec, gpu: int, out: TextIO, err: TextIO) -> None:
+    def __init__(
+        self,
+        job: JobSpec,
+        spec: SimSpec,
+        gpu: int,
+        out: TextIO,
+        err: TextIO,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         """Prepare; nothing is registered on the GPU until :meth:`run`."""
         self.job, self.spec, self.gpu, self.out, self.err = job, spec, gpu, out, err
+        self.env: Mapping[str, str] = os.environ if env is None else env
         self.model: InterferenceModel = DEFAULT_MODEL
         self.stop = False
         self.limit_mib: int | None = None
         self.sm_pct = job.sm_pct
         self.used_mib = 0
         self.mps: socket.socket | None = None
+        self.mps_buf = b""  # a partial line from the daemon
+        self.mps_eof = False  # the daemon went away: nothing more to hear
         self.pid = os.getpid()
         self.start_ticks = process_start_ticks(self.pid) or 0
 
@@ -220,6 +277,8 @@ class SimJob:
 
         try:
             self.mps, grant = mps_client.request_server(Path(pipe), 0, on_wait, lambda: self.stop)
+        except ServerNotReady:
+            raise CudaRuntimeError(torch_cuda_error(MPS_SERVER_NOT_READY, self.env)) from None
         except MpsError as e:
             raise UsageError(f"MPS: {e}") from None
         if waited:
@@ -228,6 +287,41 @@ class SimJob:
         caps = [x for x in (own, grant.limit_mib) if x is not None]
         self.limit_mib = min(caps) if caps else None
         self.sm_pct = min(self.job.sm_pct, pct, grant.active_thread_pct)
+
+    def check_mps(self) -> None:
+        """Without blocking, look for ``FATAL`` from the daemon; raise if it came.
+
+        ``FATAL``: another client of our MPS server hit a fatal GPU exception, which
+        MPS reports to every client as the same error. EOF (the daemon stopped) is
+        ignored: the job keeps running.
+        """
+        sock = self.mps
+        if sock is None or self.mps_eof:
+            return
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            data = sock.recv(4096) if readable else None
+        except OSError:
+            data = b""
+        if data is None:
+            return
+        if not data:
+            self.mps_eof = True
+            return
+        self.mps_buf += data
+        while b"\n" in self.mps_buf:
+            raw, self.mps_buf = self.mps_buf.split(b"\n", 1)
+            if raw.decode("utf-8", "replace").split() == [FATAL]:
+                raise CudaRuntimeError(torch_cuda_error(ILLEGAL_ADDRESS, self.env))
+        if len(self.mps_buf) > MAX_LINE:
+            self.mps_buf = b""
+
+    def fault(self) -> None:
+        """Hit a fatal GPU exception: tell MPS (it tells the other clients) and die."""
+        if self.mps is not None:
+            with contextlib.suppress(OSError):
+                self.mps.sendall(f"{FAULT}\n".encode())
+        raise CudaRuntimeError(torch_cuda_error(ILLEGAL_ADDRESS, self.env))
 
     # --- memory -----------------------------------------------------------------
     def allocate(self, extra_mib: int) -> None:
@@ -283,10 +377,14 @@ class SimJob:
         """Do the work; returns False if stopped by a signal."""
         work, done, wall0 = self.job.seconds, 0.0, time.monotonic()
         peak_pending = self.job.peak_mib > self.job.mem_mib
+        fault_at = self.job.fault_at
         next_report, last = 1, time.monotonic()
         while done < work:
             if self.stop:
                 return False
+            self.check_mps()
+            if fault_at is not None and done >= fault_at * work:
+                self.fault()
             if peak_pending and done >= self.job.peak_at * work:
                 self.allocate(self.job.peak_mib - self.job.mem_mib)
                 peak_pending = False
@@ -303,6 +401,8 @@ class SimJob:
                     f" | GPU {self.gpu} co-tenants {len(tenants) - 1}"
                 )
                 next_report += 1
+        if fault_at is not None:  # --fault-at 1: at the very end
+            self.fault()
         if peak_pending:
             self.allocate(self.job.peak_mib - self.job.mem_mib)
         wall = time.monotonic() - wall0
@@ -327,7 +427,7 @@ def run(job: JobSpec, env: dict[str, str], out: TextIO, err: TextIO) -> int:
         scale = job.time_scale or effective_time_scale(spec)
     except (GpuBackendError, ValueError) as e:
         raise UsageError(str(e)) from None
-    sim = SimJob(job, spec, gpu, out, err)
+    sim = SimJob(job, spec, gpu, out, err, env)
     got: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -341,10 +441,10 @@ def run(job: JobSpec, env: dict[str, str], out: TextIO, err: TextIO) -> int:
         finished = sim.train(scale)
     except mps_client.Stopped:
         finished = False
-    except OutOfMemory as e:
+    except (OutOfMemory, CudaRuntimeError) as e:
         err.write(torch_traceback(str(e)))
         err.flush()
-        return EXIT_OOM
+        return EXIT_CUDA
     finally:
         sim.release()
         for s, h in old.items():
