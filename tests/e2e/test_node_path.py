@@ -191,3 +191,36 @@ def test_stale_registrations_from_a_crashed_epilog_are_reaped(
     gpu = int((workdir / f"{job}.out").read_text().split("GPU=")[1].split()[0])
     assert 999999 not in tenancy.jobs_of(gpu, 0)  # reaped by the prolog of the GPU's next job
     tenancy.remove_job(999999)  # tidy the GPUs no job visited
+
+
+def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    """One client's fatal fault reaches every client of the GPU's MPS server (simulated
+    as Volta+ MPS does it). Both jobs show the same illegal-address error; both are
+    requeued on a GPU of their own; the culprit faults again alone and stops there,
+    the victim completes."""
+    body = f"{SHOW_ENV}\necho attempt=${{SLURM_RESTART_COUNT:-0}}\n"
+    victim = sbatch(cluster, workdir, body + "colloc-simjob --mem 2G --seconds 12",
+                    "--gres=shard:8")
+    time.sleep(1)
+    culprit = sbatch(cluster, workdir,
+                     body + "colloc-simjob --mem 2G --seconds 12 --fault-at 0.2",
+                     "--gres=shard:8")
+    time.sleep(2)
+    gres = [_gres_idx(slurm, j) for j in (victim, culprit)]
+    assert len({g.split("IDX:")[-1] for g in gres}) == 1, gres  # one GPU, one MPS server
+    assert _wait_final(slurm, culprit, timeout=180) == "FAILED"
+    assert _wait_final(slurm, victim, timeout=180) == "COMPLETED"
+    v, c = slurm.show_job(victim) or {}, slurm.show_job(culprit) or {}
+    assert v["Restarts"] == "1" and "gres:shard:40" in v["TresPerNode"]
+    assert c["Restarts"] == "1" and "gres:shard:40" in c["TresPerNode"]
+    cfg = _cfg(cluster)
+    for job in (victim, culprit):
+        kept = "".join(p.read_text() for p in (Path(cfg.evidence_dir) / str(job) / "attempt0")
+                       .iterdir())
+        assert "CUDA error: an illegal memory access was encountered" in kept, job
+    log = (cluster.layout.log / "colloc.log").read_text()
+    assert f"job {victim}: cause=cuda-fatal" in log
+    assert f"job {culprit}: cause=cuda-fatal" in log and "fatal CUDA error on a GPU of its own" in log
+    assert "attempt=1" in (workdir / f"{victim}.out").read_text()
