@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import hashlib
 import json
 import lzma
@@ -57,7 +58,7 @@ from estimators.layer_aware import (  # noqa: E402
     LayerAwareEstimator,
     load_calibration,
 )
-from estimators.model import ModelSummary  # noqa: E402
+from estimators.model import Layer, ModelSummary  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "gpu-memory"
 SUMMARIES = REPO / "benchmarks" / "summaries" / "timm_torchinfo.jsonl.xz"
@@ -144,6 +145,49 @@ def timm_cases(path: Path) -> tuple[list[Case], dict[str, int]]:
         cases.append(Case("timm", model, int(str(row.batch_size)), measured, summaries[model],
                           fake, held_out(model)))
     return cases, dropped
+
+
+TRUNCATED_DEPTH = 3
+"""torchinfo's default ``depth``: the depth most users' tables come at."""
+
+
+def truncate(summary: ModelSummary, depth: int) -> ModelSummary:
+    """The table torchinfo prints at ``depth``, made from a deeper one: rows below
+    ``depth`` go, and a container at ``depth`` becomes a childless row carrying its
+    subtree's parameters (what torchinfo shows for a block it does not expand)."""
+    rows = summary.layers
+    out: list[Layer] = []
+    for i, layer in enumerate(rows):
+        if layer.depth > depth:
+            continue
+        if layer.depth == depth and not layer.leaf:
+            params, j = layer.params, i + 1
+            while j < len(rows) and rows[j].depth > layer.depth:
+                params += rows[j].params
+                j += 1
+            shape = layer.output_shape
+            if shape is None and params > 0:
+                # as the torchinfo parser does: the layers a container torchinfo never
+                # saw called (ModuleList, a looped Sequential) hides produce the
+                # enclosing row's shape
+                shape = next((r.output_shape for r in reversed(out)
+                              if r.depth < layer.depth and r.output_shape), None)
+            layer = dataclasses.replace(layer, params=params, leaf=True, output_shape=shape)
+        out.append(layer)
+    return dataclasses.replace(summary, layers=tuple(out))
+
+
+def truncated_cases(cases: list[Case]) -> list[Case]:
+    """Every timm run again, from the depth-3 table of its model (dataset ``timm-d3``)."""
+    memo: dict[str, ModelSummary] = {}
+    out = []
+    for c in cases:
+        if c.dataset != "timm":
+            continue
+        if c.key not in memo:
+            memo[c.key] = truncate(c.summary, TRUNCATED_DEPTH)
+        out.append(dataclasses.replace(c, dataset="timm-d3", summary=memo[c.key]))
+    return out
 
 
 def metrics(est: list[float], meas: list[float]) -> dict[str, float]:
@@ -315,12 +359,13 @@ def table(cases: list[Case], only: tuple[str, ...] = ()) -> str:
     ests = evaluate(cases)
     if only:
         ests = {k: v for k, v in ests.items() if k in only}
-    lines = [f"{'estimator':<14} {'data':<5} {'split':<9} {'n':>5} {'not-under':>9} "
+    lines = [f"{'estimator':<14} {'data':<7} {'split':<9} {'n':>5} {'not-under':>9} "
              f"{'med-err':>8} {'med-over':>8} {'p90-err':>8} {'worst-under':>11}"]
     for name, fn in ests.items():
-        for ds in ("mlp", "timm", "all"):
+        for ds in ("mlp", "timm", "timm-d3", "all"):
             for split in ("calib", "held-out"):
-                sel = [c for c in cases if (ds == "all" or c.dataset == ds)
+                sel = [c for c in cases
+                       if (ds == c.dataset or (ds == "all" and c.dataset != "timm-d3"))
                        and c.held_out == (split == "held-out")]
                 pairs = [(fn(c), c.measured) for c in sel]
                 pairs2 = [(e, m) for e, m in pairs if e is not None]
@@ -328,7 +373,7 @@ def table(cases: list[Case], only: tuple[str, ...] = ()) -> str:
                     continue
                 m = metrics([e for e, _ in pairs2], [m for _, m in pairs2])
                 lines.append(
-                    f"{name:<14} {ds:<5} {split:<9} {m['n']:>5} {m['ok']:>9.1%} "
+                    f"{name:<14} {ds:<7} {split:<9} {m['n']:>5} {m['ok']:>9.1%} "
                     f"{m['med']:>+8.1%} {m['med_over']:>+8.1%} {m['p90']:>+8.1%} "
                     f"{m['worst']:>+11.1%}")
     return "\n".join(lines)
@@ -336,7 +381,8 @@ def table(cases: list[Case], only: tuple[str, ...] = ()) -> str:
 
 def _rows(cases: list[Case]) -> list[Row]:
     """Calibration-split rows (the held-out split never reaches a fit)."""
-    return [Row(compute(c.summary, c.batch, None, "adam", "fp32"), c.measured, c.dataset)
+    return [Row(compute(c.summary, c.batch, None, "adam", "fp32"), c.measured,
+                "timm" if c.dataset == "timm-d3" else c.dataset)
             for c in cases if not c.held_out]
 
 
@@ -433,6 +479,7 @@ def main() -> int:
     cases = mlp_cases(DATA / "gpumemnet_mlp_a100.csv")
     timm, dropped = timm_cases(DATA / "timm_a100_calibration.csv")
     cases += timm
+    cases += truncated_cases(timm)
     n_models = len({c.key for c in timm})
     print(f"cases: {sum(c.dataset == 'mlp' for c in cases)} MLP runs, {len(timm)} timm runs "
           f"({n_models} models); left out: {dropped['oom']} timm OOM/at-capacity rows, "

@@ -17,8 +17,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from estimators.features import MARGIN_BUCKETS, Features, margin_bucket
-from estimators.layer_aware import PRIOR, Calibration, base_breakdown, margin_basis
+from estimators.features import HIDDEN, MARGIN_BUCKETS, Features, margin_bucket
+from estimators.layer_aware import (
+    PRIOR,
+    Calibration,
+    base_breakdown,
+    hidden_part,
+    margin_basis,
+    margin_mib,
+)
 from estimators.layers import CATEGORIES
 
 COLUMNS = ("context", "params", *(f"act_{c}" for c in CATEGORIES), "attn_scores", "largest")
@@ -66,6 +73,32 @@ def fit(rows: Sequence[Row], *, coverage: float = 0.96, ridge: float = 0.002,
     model); the layer and parameter coefficients are shared. The shipped context is
     the largest fitted one: on an unknown stack the larger context is the safe side.
     """
+    full = [r for r in rows if not _hides_blocks(r.features)]
+    c, names = _fit_linear(full, ridge=ridge, irls_iters=irls_iters)
+    contexts = dict(zip(names, c[: len(names)], strict=True))
+    k = dict(zip(COLUMNS[1:], c[len(names):], strict=True))
+    k.update(_fit_hidden([r for r in rows if _hides_blocks(r.features)], contexts, k,
+                         irls_iters=irls_iters))
+    cal = Calibration(
+        context_mib=float(max(contexts.values())), k_params=float(k["params"]),
+        k_act={cat: float(k[f"act_{cat}"]) for cat in CATEGORIES},
+        k_scores=float(k["attn_scores"]), k_workspace=float(k["largest"]),
+        margin_rel=0.0, margin_abs_mib=0.0, interval=(1.0, 1.0),
+        context_by_dataset={n: round(float(v), 1) for n, v in contexts.items()},
+    )
+    return with_margin(rows, cal, coverage=coverage)
+
+
+HIDDEN_COLUMNS = ("act_hidden_conv", "act_hidden_tok")
+
+
+def _hides_blocks(f: Features) -> bool:
+    return any(f.act[c.removeprefix("act_")] > 0 for c in HIDDEN_COLUMNS)
+
+
+def _fit_linear(rows: Sequence[Row], *, ridge: float, irls_iters: int
+                ) -> tuple[np.ndarray, list[str]]:
+    """Coefficients (group contexts first, then :data:`COLUMNS` after the context)."""
     groups = [r.group for r in rows]
     names = sorted(set(groups))
     size = {g: groups.count(g) for g in names}
@@ -86,16 +119,28 @@ def fit(rows: Sequence[Row], *, coverage: float = 0.96, ridge: float = 0.002,
         r = np.abs(y - x @ c) / y
         wr = w / np.sqrt(np.maximum(r, 0.02))
         c = _nnls_ridge(x * wr[:, None], y * wr, prior, lam, init=c)
-    contexts = dict(zip(names, c[: len(names)], strict=True))
-    k = dict(zip(COLUMNS[1:], c[len(names):], strict=True))
-    cal = Calibration(
-        context_mib=float(max(contexts.values())), k_params=float(k["params"]),
-        k_act={cat: float(k[f"act_{cat}"]) for cat in CATEGORIES},
-        k_scores=float(k["attn_scores"]), k_workspace=float(k["largest"]),
-        margin_rel=0.0, margin_abs_mib=0.0, interval=(1.0, 1.0),
-        context_by_dataset={n: round(float(v), 1) for n, v in contexts.items()},
-    )
-    return with_margin(rows, cal, coverage=coverage)
+    return c, names
+
+
+def _fit_hidden(rows: Sequence[Row], contexts: dict[str, float], k: dict[str, float], *,
+                irls_iters: int) -> dict[str, float]:
+    """The hidden-block coefficients on ``rows``, everything else fixed at ``k``."""
+    if not rows:
+        return dict.fromkeys(HIDDEN_COLUMNS, 1.0)
+    idx = [COLUMNS.index(c) for c in HIDDEN_COLUMNS]
+    rest = np.array([0.0 if i in idx else k[c] for i, c in enumerate(COLUMNS) if i > 0])
+    d = np.array([design(r.features)[1:] for r in rows])
+    known = np.array([contexts.get(r.group, max(contexts.values())) for r in rows]) + d @ rest
+    xh = d[:, [i - 1 for i in idx]]
+    y = np.array([r.measured for r in rows]) - known
+    w = 1.0 / np.array([r.measured for r in rows])
+    prior, lam = np.ones(len(idx)), np.full(len(idx), 1e-4)
+    c = _nnls_ridge(xh * w[:, None], y * w, prior, lam)
+    for _ in range(irls_iters):
+        r = np.abs(y - xh @ c) * w
+        wr = w / np.sqrt(np.maximum(r, 0.02))
+        c = _nnls_ridge(xh * wr[:, None], y * wr, prior, lam, init=c)
+    return {col: float(v) for col, v in zip(HIDDEN_COLUMNS, c, strict=True)}
 
 
 MIN_BUCKET_ROWS = 30
@@ -112,6 +157,22 @@ def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96
     (so that 3,000 MLPs cannot lower the margin of the timm CNNs) and the largest of
     those. Buckets whose ops the summary hides get wider margins than those it shows.
     The absolute part is shared and chosen for the lowest median overestimate."""
+    full = [r for r in rows if not _hides_blocks(r.features)]
+    rel_by, abs_by, interval, by_interval = _bucket_margins(full, cal, coverage)
+    cal = replace(cal, margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by)
+    hid = [r for r in rows if _hides_blocks(r.features)]
+    if hid:
+        rel_by[HIDDEN], by_interval[HIDDEN] = _hidden_margin(hid, cal, coverage)
+    worst = max(rel_by, key=lambda b: rel_by[b] * 1e6 + abs_by.get(b, 0.0))
+    return replace(cal, margin_rel=rel_by[worst], margin_abs_mib=abs_by.get(worst, 0.0),
+                   margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by,
+                   interval=interval, interval_by_bucket=by_interval)
+
+
+def _bucket_margins(rows: Sequence[Row], cal: Calibration, coverage: float
+                    ) -> tuple[dict[str, float], dict[str, float], tuple[float, float],
+                               dict[str, tuple[float, float]]]:
+    """Per-bucket (relative, absolute) margins and ratio intervals on ``rows``."""
     groups = np.array([r.group for r in rows])
     names = sorted(set(groups.tolist()))
     y = np.array([r.measured for r in rows])
@@ -146,10 +207,29 @@ def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96
                 best = (med_over, m_rel, float(m_abs))
         assert best is not None
         rel_by[b], abs_by[b] = round(best[1], 4), best[2]
-    worst = max(rel_by, key=lambda b: rel_by[b] * 1e6 + abs_by[b])
-    return replace(cal, margin_rel=rel_by[worst], margin_abs_mib=abs_by[worst],
-                   margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by,
-                   interval=interval, interval_by_bucket=by_interval)
+    return rel_by, abs_by, interval, by_interval
+
+
+def _hidden_margin(rows: Sequence[Row], cal: Calibration, coverage: float
+                   ) -> tuple[float, tuple[float, float]]:
+    """Relative margin on the hidden blocks' activations (the visible part keeps its
+    bucket's margin), and the ratio interval of runs whose summaries hide blocks."""
+    groups = np.array([r.group for r in rows])
+    need, ratio = [], []
+    for r in rows:
+        parts = base_breakdown(r.features, cal)
+        base = sum(parts.values())
+        hidden = max(hidden_part(r.features, cal), 1e-9)
+        visible = margin_mib(r.features, parts, replace(
+            cal, margin_rel_by_bucket={**cal.margin_rel_by_bucket, HIDDEN: 0.0}))
+        need.append((r.measured - base - visible) / hidden)
+        ratio.append(r.measured / base)
+    needs, ratios = np.array(need), np.array(ratio)
+    cells = [groups == n for n in sorted(set(groups.tolist()))]
+    cells = [m for m in cells if m.sum() >= MIN_BUCKET_ROWS] or [groups == groups]
+    rel = max(0.0, *(float(np.quantile(needs[m], coverage)) for m in cells))
+    return round(rel, 4), (round(float(np.quantile(ratios, 0.05)), 4),
+                           round(float(np.quantile(ratios, 0.95)), 4))
 
 
 def fit_quantile(rows: Sequence[Row], *, tau: float = 0.96, iters: int = 40,

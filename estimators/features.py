@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimators.layers import CATEGORIES, category, has_token_scores, leaf_category
+from estimators.layers import (
+    CATEGORIES,
+    category,
+    has_token_scores,
+    is_composite,
+    leaf_category,
+)
 from estimators.model import ModelSummary
 from estimators.physics import MIB, SegmentPacker, activation_bytes_per_elem, param_bytes
 
@@ -38,10 +44,15 @@ class Features:
     attention_rows: int = 0
     """Rows (leaves or containers) of an attention type: the summary shows attention
     even when its parameters sit in child layers (then no row is counted as such)."""
+    hidden_share: float = 0.0
+    """Share of the parameters inside blocks shown without their children."""
 
 
 MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
 """Architecture buckets the safety margin is calibrated per (see :func:`margin_bucket`)."""
+HIDDEN = "hidden"
+"""The margin key of blocks shown without their children: their own relative margin
+applies to their activations only (the rest of the model keeps its bucket's)."""
 
 
 def margin_bucket(f: Features) -> str:
@@ -56,6 +67,9 @@ def margin_bucket(f: Features) -> str:
       elementwise ops are functions, not modules, so the summary hides kept tensors;
     * ``cnn``: convolutional nets with BatchNorm / LayerNorm / GroupNorm modules;
     * ``mlp``: everything else (linear layers, activations, norms, dropout).
+
+    Blocks shown without their children do not decide the bucket: their activations
+    carry the :data:`HIDDEN` margin instead.
     """
     a = f.act
     if a["attention"] > 0 or a["attn_probs"] > 0 or f.attn_scores > 0 or f.attention_rows:
@@ -89,6 +103,7 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     scores = 0.0
     parents: list[str] = []  # type of the enclosing row at each depth
     attention_rows = 0
+    hidden_params = 0
     for layer in summary.layers:
         attention_rows += category(layer.type) == "attention"
         del parents[layer.depth:]
@@ -111,6 +126,28 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
             continue
         cat = leaf_category(layer.type, layer.params)
         shape = layer.output_shape
+        kind, width = _block_geometry(shape, layer.width)
+        if layer.params > 0 and (cat in ("block", "attention") or is_composite(layer.type)
+                                 or (cat in ("act", "other") and layer.params >= width**2)):
+            # a block shown without its children: attention modules, MLPs, gated
+            # activations and unknown modules holding width x width matrices included
+            hidden_params += layer.params
+            # one output-sized tensor per width x width matrix its parameters pay for
+            # (a 3x3 convolution pays 9: a guess, hence a margin bucket of its own)
+            count = max(1, round(layer.params / width**2))
+            if kind == "map":
+                packers["hidden_conv"].add(nbytes, count=count)
+            else:
+                packers["hidden_tok"].add(nbytes, count=count)
+                if count >= TRANSFORMER_LAYER_RATIO and shape is not None and len(shape) >= 2:
+                    # parameters of attention + MLP (4 + 8 width^2): its hidden score
+                    # tensors are counted as for a visible attention layer
+                    groups, tokens, _ = _attention_geometry(shape, eff_seq, layer.width)
+                    tokens = int(tokens * scale)
+                    heads = max(1, width // HEAD_DIM)
+                    scores += batch_size * groups * heads * tokens * tokens * bpe / MIB
+            largest = max(largest, nbytes)
+            continue
         if (category(parent) == "attention" and cat in ("dropout", "softmax", "free", "other")
                 and shape is not None and len(shape) >= 2 and shape[-1] == shape[-2]):
             cat = "attn_probs"
@@ -125,7 +162,25 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
         seq_len=eff_seq,
         seq_assumed=assumed,
         attention_rows=attention_rows,
+        hidden_share=hidden_params / summary.total_params if summary.total_params else 0.0,
     )
+
+
+TRANSFORMER_LAYER_RATIO = 10
+"""A hidden token block with at least this many width^2 parameters is taken for a
+transformer layer (4 for attention + 8 for a 4x MLP = 12)."""
+
+def _block_geometry(shape: tuple[int, ...] | None, width: int | None) -> tuple[str, int]:
+    """(``map`` or ``tokens``, channel width) of a hidden block's output.
+
+    ``[C, H, W]`` with ``H == W`` is a feature map; ``[H, W, C]`` (channels last, as
+    Swin-style models keep them) and ``[N, C]`` are tokens of width ``C``.
+    """
+    if shape is not None and len(shape) == 3 and shape[1] == shape[2]:
+        return "map", max(1, shape[0])
+    if shape:
+        return "tokens", max(1, shape[-1])
+    return "tokens", max(1, width or 1)
 
 
 def _attention_geometry(shape: tuple[int, ...] | None, seq: int | None,

@@ -20,12 +20,18 @@ import re
 CATEGORIES = (
     "conv", "linear", "norm", "norm_composite", "act", "softmax", "dropout", "pool_max", "pool",
     "embedding", "attention", "attn_probs", "block", "free", "other", "container",
+    "hidden_conv", "hidden_tok",
 )
 """``norm_composite``: normalisations written as several elementwise ops (EvoNorm,
 filter/global response norm, RMSNorm) keep several input-sized tensors, where a fused
 BatchNorm/LayerNorm kernel keeps one.
 ``attn_probs``: a token x token tensor inside an attention layer (its softmax or
 dropout row is shown only when the attention is computed explicitly, not fused).
+``hidden_conv`` / ``hidden_tok``: blocks shown without their children (torchinfo's
+``depth`` cut them off; its default of 3 hides every transformer layer), feature-map
+and token blocks. Each counts its output ``params / width^2`` times, the number of
+width x width matrices its parameters pay for (12 for a standard transformer layer);
+what they really keep is a guess, so they have their own coefficients and margins.
 ``container``: outputs of containers whose children are shown; a residual add's
 result is such an output and is kept by the next normalisation, but is never a
 leaf's output (overlaps are why its coefficient is fitted, not assumed)."""
@@ -63,6 +69,20 @@ _CONTAINERS = re.compile(
 
 _NO_SCORES = re.compile(r"(split|channel|squeeze|eca|cbam|gather|linearself|excite|gate|mla$)",
                         re.IGNORECASE)
+
+
+_COMPOSITE = re.compile(
+    r"(conv\w*(norm|bn|act|pool|residual|block|mlp)|norm\w*act|bn\w*act|separable|"
+    r"depthwise|residual|mbconv|stridedconv|posenc)",
+    re.IGNORECASE,
+)
+
+
+def is_composite(type_name: str) -> bool:
+    """Whether a type name is a module made of several layers (conv + norm + activation,
+    separable convolutions, residual wrappers): shown without children, it hides them
+    (timm's ConvNormAct, BatchNormAct2d, DepthwiseSeparableConv at torchinfo's depth 3)."""
+    return bool(_COMPOSITE.search(type_name))
 
 
 def has_token_scores(type_name: str) -> bool:

@@ -40,12 +40,13 @@ name, then its count tree-marked in ``Param #`` (box characters also under
 ``ascii_only``), no depth tag and no output shape."""
 _FROZEN = re.compile(r"^\(([\d,]+)\)$")
 """torchinfo puts a count in parentheses when none of the layer's parameters train."""
-_NO_FORWARD = frozenset({"modulelist", "moduledict"})
-"""Containers without a forward: torchinfo shows no output shape for them. Cut off by
-the depth limit (the default depth=3 does this to the encoder of Hugging Face
-``*ForSequenceClassification`` models), the layers they hide ran on and produced the
-enclosing row's shape, which they get; they then count as a hidden block like any
-container shown without children (otherwise the whole encoder had no activations)."""
+# A childless row with parameters but no output shape is a container torchinfo never
+# saw called: a ModuleList / ModuleDict, or a Sequential whose blocks the model loops
+# over itself (timm's Swin-V2-CR). Cut off by the depth limit (the default depth=3 does
+# this to the encoder of Hugging Face ``*ForSequenceClassification`` models), the
+# layers it hides ran and produced the enclosing row's shape, which it gets; it then
+# counts as a hidden block like any container shown without children (otherwise the
+# whole encoder had no activations).
 _COLUMNS = ("Input Shape", "Output Shape", "Kernel Shape", "Param #", "Param %",
             "Mult-Adds", "Trainable")
 
@@ -126,7 +127,7 @@ def parse(text: str) -> ModelSummary:
             leaf = False  # the model row itself
         while enclosing and enclosing[-1][0] >= depth:
             enclosing.pop()
-        if leaf and shapes is None and params > 0 and typ.lower() in _NO_FORWARD:
+        if leaf and shapes is None and params > 0:
             shapes = next((sh for _, sh in reversed(enclosing) if sh), None)
         enclosing.append((depth, shapes))
         layers.append(Layer(type=typ, params=params, output_shape=per_sample(shapes, batch),

@@ -217,3 +217,16 @@ def test_margin_is_per_architecture_bucket(resnet50: str) -> None:
         basis * cal.rel_margin("mlp") + cal.abs_margin("mlp"))
     assert cal.rel_margin("no-such-bucket") == cal.margin_rel == max(
         cal.margin_rel_by_bucket.values())
+
+
+def test_blocks_hidden_by_torchinfo_depth_are_estimated_not_dropped() -> None:
+    """torchinfo's default depth=3 shows each Hugging Face ViT layer as one row; the
+    twelve layers' activations must still be counted (from their parameters), with
+    the wider hidden-block margin and a note saying how to get a tighter estimate."""
+    robust = DATA / "robustness"
+    d3 = estimate((robust / "ti_vit_base_hf_default_depth.txt").read_text(), batch_size=64)
+    d10 = estimate((robust / "ti_vit_base_hf_depth10.txt").read_text(), batch_size=64)
+    assert d3.breakdown["activations"] >= 0.7 * d10.breakdown["activations"]
+    assert d3.estimate_mib >= d10.estimate_mib
+    assert any("depth=10" in n for n in d3.notes)
+    assert not any("depth=10" in n for n in d10.notes)
