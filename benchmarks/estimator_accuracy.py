@@ -48,7 +48,7 @@ import pandas as pd  # noqa: E402
 
 from estimators import estimate, parse_summary  # noqa: E402
 from estimators.base import Job  # noqa: E402
-from estimators.calibration import Row, fit, fit_quantile  # noqa: E402
+from estimators.calibration import Row, fit, fit_quantile, hides_blocks  # noqa: E402
 from estimators.features import compute  # noqa: E402
 from estimators.history_scaling import scale_history  # noqa: E402
 from estimators.horus import HorusEstimator  # noqa: E402
@@ -214,7 +214,8 @@ def evaluate(cases: list[Case]) -> dict[str, Callable[[Case], float | None]]:
     scikit-learn (the ``bench`` extra) and is left out without it."""
     horus, la = HorusEstimator(), LayerAwareEstimator()
     prior = LayerAwareEstimator(PRIOR)
-    learned = LayerAwareEstimator(fit_quantile(_rows(cases), tau=0.96), name="learned-q96")
+    full_rows = [r for r in _rows(cases) if not hides_blocks(r.features)]
+    learned = LayerAwareEstimator(fit_quantile(full_rows, tau=0.96), name="learned-q96")
 
     def run(e: HorusEstimator | LayerAwareEstimator) -> Callable[[Case], float]:
         return lambda c: float(e.estimate(c.summary, Job(batch_size=c.batch)).estimate_mib)

@@ -73,11 +73,11 @@ def fit(rows: Sequence[Row], *, coverage: float = 0.96, ridge: float = 0.002,
     model); the layer and parameter coefficients are shared. The shipped context is
     the largest fitted one: on an unknown stack the larger context is the safe side.
     """
-    full = [r for r in rows if not _hides_blocks(r.features)]
+    full = [r for r in rows if not hides_blocks(r.features)]
     c, names = _fit_linear(full, ridge=ridge, irls_iters=irls_iters)
     contexts = dict(zip(names, c[: len(names)], strict=True))
     k = dict(zip(COLUMNS[1:], c[len(names):], strict=True))
-    k.update(_fit_hidden([r for r in rows if _hides_blocks(r.features)], contexts, k,
+    k.update(_fit_hidden([r for r in rows if hides_blocks(r.features)], contexts, k,
                          irls_iters=irls_iters))
     cal = Calibration(
         context_mib=float(max(contexts.values())), k_params=float(k["params"]),
@@ -92,7 +92,8 @@ def fit(rows: Sequence[Row], *, coverage: float = 0.96, ridge: float = 0.002,
 HIDDEN_COLUMNS = ("act_hidden_conv", "act_hidden_tok")
 
 
-def _hides_blocks(f: Features) -> bool:
+def hides_blocks(f: Features) -> bool:
+    """Whether the summary showed some blocks without their children."""
     return any(f.act[c.removeprefix("act_")] > 0 for c in HIDDEN_COLUMNS)
 
 
@@ -157,10 +158,10 @@ def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96
     (so that 3,000 MLPs cannot lower the margin of the timm CNNs) and the largest of
     those. Buckets whose ops the summary hides get wider margins than those it shows.
     The absolute part is shared and chosen for the lowest median overestimate."""
-    full = [r for r in rows if not _hides_blocks(r.features)]
+    full = [r for r in rows if not hides_blocks(r.features)]
     rel_by, abs_by, interval, by_interval = _bucket_margins(full, cal, coverage)
     cal = replace(cal, margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by)
-    hid = [r for r in rows if _hides_blocks(r.features)]
+    hid = [r for r in rows if hides_blocks(r.features)]
     if hid:
         rel_by[HIDDEN], by_interval[HIDDEN] = _hidden_margin(hid, cal, coverage)
     worst = max(rel_by, key=lambda b: rel_by[b] * 1e6 + abs_by.get(b, 0.0))
