@@ -13,6 +13,7 @@ from estimators.layers import (
     category,
     has_token_scores,
     is_composite,
+    is_primitive,
     leaf_category,
 )
 from estimators.model import ModelSummary
@@ -128,7 +129,8 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
         shape = layer.output_shape
         kind, width = _block_geometry(shape, layer.width)
         if layer.params > 0 and (cat in ("block", "attention") or is_composite(layer.type)
-                                 or (cat in ("act", "other") and layer.params >= width**2)):
+                                 or (cat in ("act", "other") and layer.params >= width**2
+                                     and not is_primitive(layer.type))):
             # a block shown without its children: attention modules, MLPs, gated
             # activations and unknown modules holding width x width matrices included
             hidden_params += layer.params

@@ -24,7 +24,7 @@ from typing import Any
 from estimators.base import Estimate, Job
 from estimators.errors import EstimatorInputError
 from estimators.features import HIDDEN, Features, compute, margin_bucket
-from estimators.layers import CATEGORIES
+from estimators.layers import CATEGORIES, is_composite, leaf_category
 from estimators.model import ModelSummary
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -175,19 +175,25 @@ def margin_mib(f: Features, parts: dict[str, float], cal: Calibration) -> float:
 
 
 MIN_TABLE_DEPTH = 2
-"""A torchinfo table whose rows stop above this depth while hiding most of the model
-in childless blocks is refused: on held-out timm models a depth-1 table left 65% of
-the jobs underestimated even with the hidden-block margin (depth 2: 12%, depth 3: 6%)."""
+"""A torchinfo table whose rows stop above this depth while hiding blocks is refused:
+on held-out timm models depth-1 tables left 65% of the jobs underestimated even with
+the hidden-block margin (depth 2: 12%, depth 3: 6%). Parameter share is no guide
+there: a VGG's visible classifier holds most parameters, its hidden convolutions
+most activations."""
 
 
 def _refuse_if_too_shallow(summary: ModelSummary, f: Features) -> None:
-    if summary.format != "torchinfo" or f.hidden_share < 0.5:
+    if summary.format != "torchinfo" or f.hidden_share == 0:
         return
     if max((layer.depth for layer in summary.layers), default=0) >= MIN_TABLE_DEPTH:
         return
+    if not any(layer.leaf and layer.params > 0 and (
+            leaf_category(layer.type, layer.params) in ("block", "attention")
+            or is_composite(layer.type)) for layer in summary.layers):
+        return  # big primitives (an LSTM) are not cut-off containers
     raise EstimatorInputError(
-        f"this torchinfo table stops at depth 1 and hides {f.hidden_share:.0%} of the "
-        "parameters in blocks shown without their layers, so their activations cannot be "
+        f"this torchinfo table stops at depth 1 and hides blocks ({f.hidden_share:.0%} of "
+        "the parameters) without their layers, so their activations cannot be "
         "estimated; re-run torchinfo.summary(model, input_size=..., depth=10), or give "
         "the size with --colloc-mem")
 

@@ -78,6 +78,17 @@ _COMPOSITE = re.compile(
 )
 
 
+_PRIMITIVE_WITH_MATRICES = re.compile(
+    r"^(lstm|gru|rnn|lstmcell|grucell|rnncell|multiheadattention|transformerencoderlayer|"
+    r"transformerdecoderlayer)$", re.IGNORECASE)
+
+
+def is_primitive(type_name: str) -> bool:
+    """PyTorch layers that hold several matrices but are one module with no children
+    (recurrent layers): a childless row of this type is complete, not cut off."""
+    return bool(_PRIMITIVE_WITH_MATRICES.match(type_name))
+
+
 def is_composite(type_name: str) -> bool:
     """Whether a type name is a module made of several layers (conv + norm + activation,
     separable convolutions, residual wrappers): shown without children, it hides them
