@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from estimators.features import HIDDEN, MARGIN_BUCKETS, Features, margin_bucket
+from estimators.features import HIDDEN_KINDS, MARGIN_BUCKETS, Features, hidden_kind, margin_bucket
 from estimators.layer_aware import (
     PRIOR,
     Calibration,
@@ -162,8 +162,10 @@ def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96
     rel_by, abs_by, interval, by_interval = _bucket_margins(full, cal, coverage)
     cal = replace(cal, margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by)
     hid = [r for r in rows if hides_blocks(r.features)]
-    if hid:
-        rel_by[HIDDEN], by_interval[HIDDEN] = _hidden_margin(hid, cal, coverage)
+    for kind in HIDDEN_KINDS:
+        mine = [r for r in hid if hidden_kind(r.features) == kind]
+        if mine:
+            rel_by[kind], by_interval[kind] = _hidden_margin(mine, cal, coverage)
     worst = max(rel_by, key=lambda b: rel_by[b] * 1e6 + abs_by.get(b, 0.0))
     return replace(cal, margin_rel=rel_by[worst], margin_abs_mib=abs_by.get(worst, 0.0),
                    margin_rel_by_bucket=rel_by, margin_abs_by_bucket=abs_by,
@@ -214,7 +216,8 @@ def _bucket_margins(rows: Sequence[Row], cal: Calibration, coverage: float
 def _hidden_margin(rows: Sequence[Row], cal: Calibration, coverage: float
                    ) -> tuple[float, tuple[float, float]]:
     """Relative margin on the hidden blocks' activations (the visible part keeps its
-    bucket's margin), and the ratio interval of runs whose summaries hide blocks."""
+    bucket's margin), and the ratio interval, on runs whose hidden blocks are mostly
+    of one kind (feature maps or tokens: their structure differs, so does the guess)."""
     groups = np.array([r.group for r in rows])
     need, ratio = [], []
     for r in rows:
@@ -222,7 +225,8 @@ def _hidden_margin(rows: Sequence[Row], cal: Calibration, coverage: float
         base = sum(parts.values())
         hidden = max(hidden_part(r.features, cal), 1e-9)
         visible = margin_mib(r.features, parts, replace(
-            cal, margin_rel_by_bucket={**cal.margin_rel_by_bucket, HIDDEN: 0.0}))
+            cal, margin_rel_by_bucket={**cal.margin_rel_by_bucket,
+                                       **dict.fromkeys(HIDDEN_KINDS, 0.0)}))
         need.append((r.measured - base - visible) / hidden)
         ratio.append(r.measured / base)
     needs, ratios = np.array(need), np.array(ratio)

@@ -51,9 +51,18 @@ class Features:
 
 MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
 """Architecture buckets the safety margin is calibrated per (see :func:`margin_bucket`)."""
-HIDDEN = "hidden"
-"""The margin key of blocks shown without their children: their own relative margin
-applies to their activations only (the rest of the model keeps its bucket's)."""
+HIDDEN_KINDS = ("hidden_map", "hidden_tok")
+"""Margin keys of blocks shown without their children (feature-map and token blocks):
+their own relative margins apply to their activations only (the rest of the model
+keeps its bucket's)."""
+
+
+def hidden_kind(f: Features) -> str | None:
+    """Which hidden-block margin dominates this job (None: the summary hides nothing)."""
+    hc, ht = f.act["hidden_conv"], f.act["hidden_tok"]
+    if not hc and not ht:
+        return None
+    return "hidden_map" if hc >= ht else "hidden_tok"
 
 
 def margin_bucket(f: Features) -> str:
@@ -70,7 +79,7 @@ def margin_bucket(f: Features) -> str:
     * ``mlp``: everything else (linear layers, activations, norms, dropout).
 
     Blocks shown without their children do not decide the bucket: their activations
-    carry the :data:`HIDDEN` margin instead.
+    carry the :data:`HIDDEN_KINDS` margins instead.
     """
     a = f.act
     if a["attention"] > 0 or a["attn_probs"] > 0 or f.attn_scores > 0 or f.attention_rows:

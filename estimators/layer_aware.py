@@ -23,7 +23,7 @@ from typing import Any
 
 from estimators.base import Estimate, Job
 from estimators.errors import EstimatorInputError
-from estimators.features import HIDDEN, Features, compute, margin_bucket
+from estimators.features import Features, compute, hidden_kind, margin_bucket
 from estimators.layers import CATEGORIES, is_composite, leaf_category
 from estimators.model import ModelSummary
 
@@ -158,20 +158,26 @@ def margin_basis(parts: dict[str, float]) -> float:
     return parts["activations"] + parts["workspace"]
 
 
+def hidden_parts(f: Features, cal: Calibration) -> tuple[float, float]:
+    """MiB of activations estimated for feature-map and token blocks shown without
+    their children."""
+    return (cal.k_act["hidden_conv"] * f.act["hidden_conv"],
+            cal.k_act["hidden_tok"] * f.act["hidden_tok"])
+
+
 def hidden_part(f: Features, cal: Calibration) -> float:
     """MiB of activations estimated for blocks shown without their children."""
-    return cal.k_act["hidden_conv"] * f.act["hidden_conv"] + cal.k_act["hidden_tok"] * f.act[
-        "hidden_tok"]
+    return sum(hidden_parts(f, cal))
 
 
 def margin_mib(f: Features, parts: dict[str, float], cal: Calibration) -> float:
     """The safety margin: the bucket's relative margin on the visible activations and
     workspace plus its absolute part, and the hidden-block margin on hidden blocks."""
-    hidden = hidden_part(f, cal)
+    hmap, htok = hidden_parts(f, cal)
     bucket = margin_bucket(f)
-    visible = max(0.0, margin_basis(parts) - hidden)
+    visible = max(0.0, margin_basis(parts) - hmap - htok)
     return (visible * cal.rel_margin(bucket) + cal.abs_margin(bucket)
-            + hidden * cal.margin_rel_by_bucket.get(HIDDEN, cal.margin_rel))
+            + hmap * cal.rel_margin("hidden_map") + htok * cal.rel_margin("hidden_tok"))
 
 
 MIN_TABLE_DEPTH = 2
@@ -240,7 +246,7 @@ class LayerAwareEstimator:
                          "torchinfo.summary(..., depth=10) gives a tighter estimate")
         if cal is PRIOR:
             notes.append("no calibration file: uncalibrated physics priors")
-        lo, hi = cal.ratio_interval(HIDDEN if f.hidden_share > 0 else bucket)
+        lo, hi = cal.ratio_interval(hidden_kind(f) or bucket)
         return Estimate(
             estimate_mib=total,
             estimator=self.name,
