@@ -162,15 +162,20 @@ def test_whole_gpu_jobs_never_land_next_to_shared_jobs(
     cluster: Cluster, slurm: SlurmCli, workdir: Path
 ) -> None:
     """Slurm 22.05 alone would give a --gres=gpu:1 job a GPU that shard jobs are using."""
-    shared = [sbatch(cluster, workdir, "colloc-simjob --mem 2G --seconds 8", "--gres=shard:5")
+    shared = [sbatch(cluster, workdir, "colloc-simjob --mem 2G --seconds 20", "--gres=shard:5")
               for _ in range(3)]
     time.sleep(2)
     whole = [sbatch(cluster, workdir, f"{SHOW_ENV}\ncolloc-simjob --mem 30G --seconds 2",
                     "--gres=gpu:1") for _ in range(4)]
-    time.sleep(3)
-    gpu_of = {j: _gres_idx(slurm, j).split("IDX:")[-1].rstrip(")") for j in shared + whole}
+    # poll (a loaded machine schedules late) while the shared jobs surely still run
+    deadline = time.monotonic() + 15
+    while True:
+        gpu_of = {j: _gres_idx(slurm, j).split("IDX:")[-1].rstrip(")") for j in shared + whole}
+        running_whole = [j for j in whole if gpu_of[j]]
+        if running_whole or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     shared_gpus = {gpu_of[j] for j in shared if gpu_of[j]}
-    running_whole = [j for j in whole if gpu_of[j]]
     assert running_whole, gpu_of
     assert not shared_gpus & {gpu_of[j] for j in running_whole}, gpu_of
     states = wait_for_jobs(slurm, shared + whole, timeout=120)
