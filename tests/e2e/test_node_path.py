@@ -210,21 +210,22 @@ def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
                     "--gres=shard:8")
     time.sleep(1)
     culprit = sbatch(cluster, workdir,
-                     body + "colloc-simjob --mem 2G --seconds 12 --fault-at 0.2",
+                     body + "colloc-simjob --mem 2G --seconds 12 --fault-at 0.4",
                      "--gres=shard:8")
-    time.sleep(2)
-    gres = [_gres_idx(slurm, j) for j in (victim, culprit)]
-    assert len({g.split("IDX:")[-1] for g in gres}) == 1, gres  # one GPU, one MPS server
     assert _wait_final(slurm, culprit, timeout=180) == "FAILED"
     assert _wait_final(slurm, victim, timeout=180) == "COMPLETED"
     v, c = slurm.show_job(victim) or {}, slurm.show_job(culprit) or {}
     assert v["Restarts"] == "1" and "gres:shard:40" in v["TresPerNode"]
     assert c["Restarts"] == "1" and "gres:shard:40" in c["TresPerNode"]
     cfg = _cfg(cluster)
+    servers = set()
     for job in (victim, culprit):
         kept = "".join(p.read_text() for p in (Path(cfg.evidence_dir) / str(job) / "attempt0")
                        .iterdir())
         assert "CUDA error: an illegal memory access was encountered" in kept, job
+        env = next(ln for ln in kept.splitlines() if ln.startswith("LIMIT="))
+        servers.add(env.split(" ", 1)[1])  # "PIPE=<dir of the GPU's MPS daemon> GPU=<n>"
+    assert len(servers) == 1, servers  # both were clients of one MPS server
     log = (cluster.layout.log / "colloc.log").read_text()
     assert f"job {victim}: cause=cuda-fatal" in log
     assert f"job {culprit}: cause=cuda-fatal" in log and "fatal CUDA error on a GPU of its own" in log
