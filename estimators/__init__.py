@@ -85,7 +85,8 @@ def _from_history(points: dict[int, int], parsed: ModelSummary, job: Job, est: E
         return cold[b].estimate_mib
 
     s = scale_history(points, job.batch_size, cold_mib)
-    assert s is not None  # points is not empty
+    if s is None:  # no usable point (a 0 MiB peak)
+        return est.estimate(parsed, job)
     margin = max(0, s.estimate_mib - math.ceil(s.peak_mib))
     notes = [f"{s.basis} ({estimator} estimate {'also used' if cold else 'not used'})"]
     return Estimate(

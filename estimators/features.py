@@ -114,12 +114,17 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     parents: list[str] = []  # type of the enclosing row at each depth
     attention_rows = 0
     hidden_params = 0
+    # only torchinfo cuts blocks off, and only at the table's deepest level
+    cut_depth = (max((la.depth for la in summary.layers), default=0)
+                 if summary.format == "torchinfo" else -1)
     for layer in summary.layers:
         attention_rows += category(layer.type) == "attention"
         del parents[layer.depth:]
         parent = parents[-1] if parents else ""
         parents.extend([layer.type] * (layer.depth + 1 - len(parents)))
         n = layer.out_elems(eff_seq)
+        hidden = (layer.leaf and layer.depth == cut_depth and layer.params > 0
+                  and not is_primitive(layer.type))
         if has_token_scores(layer.type) and n:
             groups, tokens, width = _attention_geometry(layer.output_shape, eff_seq,
                                                         layer.width)
@@ -136,10 +141,9 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
             continue
         cat = leaf_category(layer.type, layer.params)
         shape = layer.output_shape
-        kind, width = _block_geometry(shape, layer.width)
-        if layer.params > 0 and (cat in ("block", "attention") or is_composite(layer.type)
-                                 or (cat in ("act", "other") and layer.params >= width**2
-                                     and not is_primitive(layer.type))):
+        kind, width = _block_geometry(shape, layer.width, layer.params)
+        if hidden and (cat in ("block", "attention") or is_composite(layer.type)
+                       or (cat in ("act", "other") and layer.params >= width**2)):
             # a block shown without its children: attention modules, MLPs, gated
             # activations and unknown modules holding width x width matrices included
             hidden_params += layer.params
@@ -150,7 +154,8 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
                 packers["hidden_conv"].add(nbytes, count=count)
             else:
                 packers["hidden_tok"].add(nbytes, count=count)
-                if count >= TRANSFORMER_LAYER_RATIO and shape is not None and len(shape) >= 2:
+                if (count >= TRANSFORMER_LAYER_RATIO and shape is not None and len(shape) >= 2
+                        and not has_token_scores(layer.type)):
                     # parameters of attention + MLP (4 + 8 width^2): its hidden score
                     # tensors are counted as for a visible attention layer
                     groups, tokens, _ = _attention_geometry(shape, eff_seq, layer.width)
@@ -181,17 +186,37 @@ TRANSFORMER_LAYER_RATIO = 10
 """A hidden token block with at least this many width^2 parameters is taken for a
 transformer layer (4 for attention + 8 for a 4x MLP = 12)."""
 
-def _block_geometry(shape: tuple[int, ...] | None, width: int | None) -> tuple[str, int]:
+PLAUSIBLE_MATRICES = (0.25, 64.0)
+"""A block's parameters are a few to a few dozen width x width matrices: the range in
+which ``params / width^2`` tells which dimension of an ambiguous shape is the width."""
+
+
+def _block_geometry(shape: tuple[int, ...] | None, width: int | None,
+                    params: int = 0) -> tuple[str, int]:
     """(``map`` or ``tokens``, channel width) of a hidden block's output.
 
-    ``[C, H, W]`` with ``H == W`` is a feature map; ``[H, W, C]`` (channels last, as
-    Swin-style models keep them) and ``[N, C]`` are tokens of width ``C``.
+    ``[C, H, W]`` with ``H == W`` is a feature map and ``[H, W, C]`` with ``H == W``
+    channels-last tokens (Swin); ``[N, C]`` are tokens. Otherwise (non-square images,
+    ``[C, D, H, W]`` video, ``[G, N, C]`` token groups as in NesT) the width is the
+    first or the last dimension, whichever makes ``params / width^2`` a plausible
+    number of matrices; when both do, the PyTorch layout ``[C, ...]`` wins.
     """
-    if shape is not None and len(shape) == 3 and shape[1] == shape[2]:
-        return "map", max(1, shape[0])
-    if shape:
+    if not shape:
+        return "tokens", max(1, width or 1)
+    if len(shape) < 3:
         return "tokens", max(1, shape[-1])
-    return "tokens", max(1, width or 1)
+    if len(shape) == 3 and shape[1] == shape[2]:
+        return "map", max(1, shape[0])
+    if len(shape) == 3 and shape[0] == shape[1] != shape[2]:
+        return "tokens", max(1, shape[-1])
+    lo, hi = PLAUSIBLE_MATRICES
+    first, last = max(1, shape[0]), max(1, shape[-1])
+    if params <= 0 or lo <= params / first**2 <= hi:
+        return "map", first
+    if lo <= params / last**2 <= hi:
+        return "tokens", last
+    # neither plausible: the reading with the fewer matrices is the less absurd one
+    return ("map", first) if first >= last else ("tokens", last)
 
 
 def _attention_geometry(shape: tuple[int, ...] | None, seq: int | None,

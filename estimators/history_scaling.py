@@ -105,6 +105,7 @@ def scale_history(points: Mapping[int, int], batch_size: int,
         return Scaled("anchored", m0 + growth, math.ceil(m0 * (1 + HISTORY_MARGIN) + growth),
                       f"measured at batch {b0} ({m0:.0f} MiB) plus the estimated growth "
                       f"to batch {batch_size} ({growth} MiB)")
-    est = min(cold_b, math.ceil(m0 * (1 + HISTORY_MARGIN)))
+    est = max(min(cold_b, math.ceil(m0 * (1 + HISTORY_MARGIN))),
+              math.ceil(m0 * batch_size / b0 * (1 + HISTORY_MARGIN)))
     return Scaled("anchored", min(cold_b, m0), est,
                   f"at most the peak measured at the larger batch {b0} ({m0:.0f} MiB)")

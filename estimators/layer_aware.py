@@ -24,7 +24,7 @@ from typing import Any
 from estimators.base import Estimate, Job
 from estimators.errors import EstimatorInputError
 from estimators.features import Features, compute, hidden_kind, margin_bucket
-from estimators.layers import CATEGORIES, is_composite, leaf_category
+from estimators.layers import CATEGORIES, is_composite, is_primitive, leaf_category
 from estimators.model import ModelSummary
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -193,7 +193,7 @@ def _refuse_if_too_shallow(summary: ModelSummary, f: Features) -> None:
         return
     if max((layer.depth for layer in summary.layers), default=0) >= MIN_TABLE_DEPTH:
         return
-    if not any(layer.leaf and layer.params > 0 and (
+    if not any(layer.leaf and layer.params > 0 and not is_primitive(layer.type) and (
             leaf_category(layer.type, layer.params) in ("block", "attention")
             or is_composite(layer.type)) for layer in summary.layers):
         return  # big primitives (an LSTM) are not cut-off containers
@@ -240,7 +240,8 @@ class LayerAwareEstimator:
         if job.optimizer not in ("adam", "adamw"):
             notes.append("calibrated on Adam runs; other optimizers change only exact terms")
         if f.hidden_share > 0:
-            notes.append(f"{f.hidden_share:.0%} of the parameters sit in blocks the summary "
+            share = f"{f.hidden_share:.0%}" if f.hidden_share >= 0.005 else "under 1%"
+            notes.append(f"{share} of the parameters sit in blocks the summary "
                          "shows without their layers (torchinfo's depth cut them off): what "
                          "they keep is estimated from their size, with a wider margin; "
                          "torchinfo.summary(..., depth=10) gives a tighter estimate")

@@ -47,7 +47,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("softmax", r"^(log|radix)?softmax\d?d?$"),
         ("norm_composite", r"(evonorm|filterresponse|frn|globalresponse|grn|rmsnorm)"),
         ("norm", r"(norm(?!free)|normalization)"),
-        ("embedding", r"embedding$"),
+        ("embedding", r"embedding(bag)?$"),
         ("pool_max", r"max_?pool"),
         ("pool", r"(pool|pooling)"),
         ("conv", r"(conv|conv\dd|convtranspose\dd)"),

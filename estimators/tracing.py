@@ -69,12 +69,18 @@ def _build_fake(make: Any, mode: Any, torch: Any) -> tuple[Any, Any]:
     except Exception as e:  # a constructor failure of any kind: maybe data-dependent
         if not any(k in type(e).__name__ for k in ("DataDependent", "DynamicOutputShape")):
             raise EstimatorInputError(f"building the model failed: {e}") from e
-    model, example = make()
+    try:
+        model, example = make()
+    except Exception as e:  # the user's factory: any failure is bad input, not a crash
+        raise EstimatorInputError(f"building the model failed: {e}") from e
+    fakes: dict[int, Any] = {}  # tied weights (one Parameter in two modules) stay tied
     with torch.no_grad():
         for mod in model.modules():
             for name, p in list(mod.named_parameters(recurse=False)):
-                setattr(mod, name, torch.nn.Parameter(mode.from_tensor(p),
-                                                      requires_grad=p.requires_grad))
+                if id(p) not in fakes:
+                    fakes[id(p)] = torch.nn.Parameter(mode.from_tensor(p),
+                                                      requires_grad=p.requires_grad)
+                setattr(mod, name, fakes[id(p)])
             for name, b in list(mod.named_buffers(recurse=False)):
                 if b is not None:
                     mod._buffers[name] = mode.from_tensor(b)
@@ -123,7 +129,7 @@ class TracingEstimator:
                         opt.zero_grad()
                         if step == 0:
                             mt.reset_mod_stats()
-            except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            except Exception as e:  # fake-mode errors (DataDependentOutputException...) vary
                 raise EstimatorInputError(f"tracing {self.factory} failed: {e}") from e
             peak = mt.get_tracker_snapshot("peak")
         traced = traced_peak_bytes(peak) / MIB

@@ -34,7 +34,7 @@ def split_brackets(text: str, open_ch: str = "[", close_ch: str = "]") -> list[s
     """Tokens of ``text``: balanced bracket groups stay whole, the rest splits on spaces."""
     if open_ch == "[" and text.count("[") == text.count("]"):
         toks = _TOKENS.findall(text)
-        if sum(len(t) for t in toks) == len(text) - sum(c.isspace() for c in text):
+        if not _TOKENS.sub("", text).strip():
             return toks  # fast path: everything tokenised (nesting at most two deep)
     out: list[str] = []
     i, n = 0, len(text)

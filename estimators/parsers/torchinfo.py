@@ -19,7 +19,6 @@ import re
 from collections import Counter
 
 from estimators.errors import SummaryParseError
-from estimators.layers import category
 from estimators.model import Layer, ModelSummary
 from estimators.parsers._common import (
     footer_count,
@@ -108,7 +107,7 @@ def parse(text: str) -> ModelSummary:
         rows.append((depth, m.group("type"), shapes, params, trainable, i + 1))
     if not rows:
         raise SummaryParseError("torchinfo: table has no layer rows", line_no=head + 1)
-    if len(rows) == 1 and rows[0][3] > 0 and category(rows[0][1]) == "other":
+    if len(rows) == 1 and rows[0][3] > 0:
         # depth=0: the model row alone, its layers hidden. Counted as one hidden block
         # it would size activations from the model's output (logits) only: far too low.
         raise SummaryParseError(

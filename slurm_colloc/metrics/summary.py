@@ -70,7 +70,7 @@ def record_history(
     """
     if not succeeded:
         return "not recorded: attempt failed"
-    if summary is None or summary.peak_mib is None or summary.samples == 0:
+    if summary is None or not summary.peak_mib or summary.peak_mib <= 0 or summary.samples == 0:
         return "not recorded: no measurement"
     meta = store.read_meta(cfg.metrics_dir, job_id, attempt)
     if meta is None or not meta.fingerprint or not meta.batch_size:
