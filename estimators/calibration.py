@@ -97,9 +97,10 @@ def hides_blocks(f: Features) -> bool:
     return any(f.act[c.removeprefix("act_")] > 0 for c in HIDDEN_COLUMNS)
 
 
-def _fit_linear(rows: Sequence[Row], *, ridge: float, irls_iters: int
-                ) -> tuple[np.ndarray, list[str]]:
-    """Coefficients (group contexts first, then :data:`COLUMNS` after the context)."""
+def _problem(rows: Sequence[Row], ridge: float
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Design matrix (one context column per data set), targets, base weights, prior
+    and ridge strengths shared by the least-squares and the quantile fits."""
     groups = [r.group for r in rows]
     names = sorted(set(groups))
     size = {g: groups.count(g) for g in names}
@@ -109,10 +110,17 @@ def _fit_linear(rows: Sequence[Row], *, ridge: float, irls_iters: int
     # relative errors (a 100 MiB miss on a 2 GiB job matters more), each data set
     # weighted equally (3,000 near-identical MLPs must not drown 300 timm models)
     w = np.array([1.0 / (r.measured * np.sqrt(size[r.group])) for r in rows])
-    xw, yw = x * w[:, None], y * w
     prior = np.array([PRIOR.context_mib] * len(names) + [1.0] * (len(COLUMNS) - 1))
     lam = np.full(len(prior), ridge * len(names))
     lam[: len(names)] = 0.0  # contexts are fitted freely
+    return x, y, w, prior, lam, names
+
+
+def _fit_linear(rows: Sequence[Row], *, ridge: float, irls_iters: int
+                ) -> tuple[np.ndarray, list[str]]:
+    """Coefficients (group contexts first, then :data:`COLUMNS` after the context)."""
+    x, y, w, prior, lam, names = _problem(rows, ridge)
+    xw, yw = x * w[:, None], y * w
     # iteratively reweighted towards least absolute relative error: a few runs with
     # cuDNN-benchmark spikes (2-6x the steady peak) must not bend every coefficient
     c = _nnls_ridge(xw, yw, prior, lam)
@@ -242,16 +250,7 @@ def fit_quantile(rows: Sequence[Row], *, tau: float = 0.96, iters: int = 40,
     """A learned alternative: the same features, but fitted directly as the ``tau``
     quantile of the measured peak (check loss by iteratively reweighted least squares),
     with no separate margin. Compared in the benchmark; shipped only if it wins."""
-    groups = [r.group for r in rows]
-    names = sorted(set(groups))
-    size = {g: groups.count(g) for g in names}
-    onehot = np.array([[1.0 if g == n else 0.0 for n in names] for g in groups])
-    x = np.hstack([onehot, np.array([design(r.features)[1:] for r in rows])])
-    y = np.array([r.measured for r in rows])
-    w0 = np.array([1.0 / (r.measured * np.sqrt(size[r.group])) for r in rows])
-    prior = np.array([PRIOR.context_mib] * len(names) + [1.0] * (len(COLUMNS) - 1))
-    lam = np.full(len(prior), ridge * len(names))
-    lam[: len(names)] = 0.0
+    x, y, w0, prior, lam, names = _problem(rows, ridge)
     c = _nnls_ridge(x * w0[:, None], y * w0, prior, lam)
     for _ in range(iters):
         r = (y - x @ c) / y

@@ -47,6 +47,11 @@ class Features:
     even when its parameters sit in child layers (then no row is counted as such)."""
     hidden_share: float = 0.0
     """Share of the parameters inside blocks shown without their children."""
+    hidden_containers: int = 0
+    """Hidden rows that are containers by name (blocks, attention modules, composites),
+    as opposed to big unknown layers."""
+    table_depth: int = 0
+    """Deepest row of the table (torchinfo's ``depth``)."""
 
 
 MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
@@ -114,9 +119,10 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     parents: list[str] = []  # type of the enclosing row at each depth
     attention_rows = 0
     hidden_params = 0
+    hidden_containers = 0
     # only torchinfo cuts blocks off, and only at the table's deepest level
-    cut_depth = (max((la.depth for la in summary.layers), default=0)
-                 if summary.format == "torchinfo" else -1)
+    table_depth = max((la.depth for la in summary.layers), default=0)
+    cut_depth = table_depth if summary.format == "torchinfo" else -1
     for layer in summary.layers:
         attention_rows += category(layer.type) == "attention"
         del parents[layer.depth:]
@@ -147,6 +153,7 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
             # a block shown without its children: attention modules, MLPs, gated
             # activations and unknown modules holding width x width matrices included
             hidden_params += layer.params
+            hidden_containers += cat in ("block", "attention") or is_composite(layer.type)
             # one output-sized tensor per width x width matrix its parameters pay for
             # (a 3x3 convolution pays 9: a guess, hence a margin bucket of its own)
             count = max(1, round(layer.params / width**2))
@@ -179,6 +186,8 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
         seq_assumed=assumed,
         attention_rows=attention_rows,
         hidden_share=hidden_params / summary.total_params if summary.total_params else 0.0,
+        hidden_containers=hidden_containers,
+        table_depth=table_depth,
     )
 
 

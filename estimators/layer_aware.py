@@ -24,7 +24,7 @@ from typing import Any
 from estimators.base import Estimate, Job
 from estimators.errors import EstimatorInputError
 from estimators.features import Features, compute, hidden_kind, margin_bucket
-from estimators.layers import CATEGORIES, is_composite, is_primitive, leaf_category
+from estimators.layers import CATEGORIES
 from estimators.model import ModelSummary
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -189,14 +189,11 @@ most activations."""
 
 
 def _refuse_if_too_shallow(summary: ModelSummary, f: Features) -> None:
-    if summary.format != "torchinfo" or f.hidden_share == 0:
+    # only cut-off containers count: a big primitive (an LSTM) is a complete layer
+    if summary.format != "torchinfo" or not f.hidden_containers:
         return
-    if max((layer.depth for layer in summary.layers), default=0) >= MIN_TABLE_DEPTH:
+    if f.table_depth >= MIN_TABLE_DEPTH:
         return
-    if not any(layer.leaf and layer.params > 0 and not is_primitive(layer.type) and (
-            leaf_category(layer.type, layer.params) in ("block", "attention")
-            or is_composite(layer.type)) for layer in summary.layers):
-        return  # big primitives (an LSTM) are not cut-off containers
     raise EstimatorInputError(
         f"this torchinfo table stops at depth 1 and hides blocks ({f.hidden_share:.0%} of "
         "the parameters) without their layers, so their activations cannot be "

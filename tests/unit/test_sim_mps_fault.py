@@ -20,6 +20,7 @@ from slurm_colloc.gpu.sim import init_state
 from slurm_colloc.gpu.sim.mps_client import ServerNotReady, request_server
 from slurm_colloc.gpu.sim.mps_protocol import ExactLineReader, parse_ready
 from slurm_colloc.gpu.sim.state import read_records
+from tests.unit.test_sim_simjob import simjob
 
 ROOT = Path(__file__).resolve().parents[2]
 CTL = [sys.executable, "-m", "slurm_colloc.gpu.sim.mps_control"]
@@ -51,16 +52,6 @@ def start_daemon(root: Path, state: Path, gpu: str = "0") -> dict[str, str]:
 
 def stop_daemon(env: dict[str, str]) -> None:
     subprocess.run(CTL, input="quit\n", text=True, env=env, capture_output=True, timeout=TIMEOUT)
-
-
-def simjob(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "slurm_colloc.gpu.sim.simjob", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
