@@ -12,6 +12,12 @@ Contract (the cli_filter and sbatch templates depend on it):
 * Exit 0 on success; exit 2 with one line on stderr for bad input (unreadable,
   unparseable or oversized file, out-of-range batch size, unknown option value).
 
+History (measured peaks of earlier runs) is read for the calling user only: the
+cli_filter runs this as the submitting user, so ``os.getuid()`` is whose jobs count
+(security issue 11, H3; policy in ``estimators/history.py``). The fingerprint is
+computed here from the summary file's contents, never taken from the environment or
+an argument.
+
 It runs inside every ``sbatch --colloc``, so it must stay fast: no torch, no pandas,
 nothing imported that the default estimator does not need.
 """
@@ -19,6 +25,7 @@ nothing imported that the default estimator does not need.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -68,7 +75,7 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
             optimizer=optimizer,
             precision=precision,
             estimator=estimator_name or cfg.estimator,
-            history=None if no_history else SqliteHistory(cfg.history_db),
+            history=None if no_history else SqliteHistory(cfg.history_db, uid=os.getuid()),
             model_factory=model_factory,
         )
     except EstimatorInputError as e:

@@ -6,9 +6,12 @@ reads the attempt's node-local series and returns the
 plus the ids of the jobs that shared a GPU with it.
 
 :func:`record_history` files a successful attempt's measured peak in the estimator's
-history (``estimators.history.SqliteHistory`` at ``history_db``), keyed by the model
-fingerprint and the estimator inputs the prolog stored, so the next
-``sbatch --colloc`` of the same model and job is estimated from measurement.
+history (``estimators.history.SqliteHistory`` at ``history_db``), keyed by the job
+owner's uid, the model fingerprint and the estimator inputs the prolog stored, so the
+owner's next ``sbatch --colloc`` of the same model and job is estimated from
+measurement. The uid is the prolog's (slurmd's ``SLURM_JOB_UID``), never user text:
+the fingerprint is user-controlled, so a peak only ever counts for its owner
+(security issue 11, H3; policy in ``estimators/history.py``).
 """
 
 from __future__ import annotations
@@ -60,13 +63,15 @@ def job_summary(
 
 def record_history(
     cfg: CollocConfig, job_id: int, attempt: int, summary: MetricsSummary | None,
-    *, succeeded: bool,
+    *, succeeded: bool, uid: int | None = None,
 ) -> str:
     """File the attempt's measured peak in the estimator history; returns what it did.
 
     Only a successful attempt counts: a job killed by OOM shows the limit it hit, not
     what it needed. Without a fingerprint and batch size (no ``--colloc=SUMMARY``)
-    there is no key to file it under.
+    there is no key to file it under. The peak is filed under the job owner's uid as
+    the prolog recorded it (root-side ``JobMeta.uid``); ``uid``, when the caller (the
+    epilog, from slurmd's environment) knows it too, must agree or nothing is filed.
     """
     if not succeeded:
         return "not recorded: attempt failed"
@@ -75,10 +80,24 @@ def record_history(
     meta = store.read_meta(cfg.metrics_dir, job_id, attempt)
     if meta is None or not meta.fingerprint or not meta.batch_size:
         return "not recorded: no model fingerprint or batch size"
-    from estimators.history import SqliteHistory
+    if meta.job_id != job_id or meta.attempt != attempt:
+        return "not recorded: the attempt's meta is of another job"
+    if isinstance(meta.uid, bool) or not isinstance(meta.uid, int) or meta.uid < 0:
+        return "not recorded: no job owner uid"
+    if uid is not None and uid != meta.uid:
+        return f"not recorded: job owner uid {uid} differs from the prolog's {meta.uid}"
+    from estimators.history import HistoryUnsafe, SqliteHistory
 
-    SqliteHistory(cfg.history_db).record(
-        meta.fingerprint, meta.batch_size, meta.seq_len, meta.optimizer or "adam",
-        meta.precision or "fp32", summary.peak_mib, job_id=str(job_id),
-    )
-    return f"recorded peak {summary.peak_mib} MiB for {meta.fingerprint[:12]}"
+    fp = meta.fingerprint.lower()
+    if len(fp) > 64 or any(c not in "0123456789abcdef" for c in fp):
+        return "not recorded: the fingerprint is not 1-64 hex digits"
+    source = f"job record (user-supplied, est={meta.estimator or '?'})"
+    try:
+        SqliteHistory(cfg.history_db, uid=meta.uid).record(
+            fp, meta.batch_size, meta.seq_len, meta.optimizer or "adam",
+            meta.precision or "fp32", summary.peak_mib, job_id=str(job_id),
+            uid=meta.uid, attempt=attempt, fp_source=source[:80],
+        )
+    except HistoryUnsafe as e:
+        return f"not recorded: history db unsafe: {e}"
+    return f"recorded peak {summary.peak_mib} MiB for uid {meta.uid}, {fp[:12]}"

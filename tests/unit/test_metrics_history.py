@@ -19,7 +19,7 @@ def test_rerun_is_estimated_from_the_measured_peak(tmp_path: Path) -> None:
     cfg = CollocConfig(metrics_dir=str(tmp_path / "m"), history_db=str(tmp_path / "h.sqlite"))
     text = SUMMARY.read_text()
     fp = parse_summary(text).fingerprint()
-    hist = SqliteHistory(cfg.history_db)
+    hist = SqliteHistory(cfg.history_db, uid=1000)  # the job owner's view (history is per user)
     first = estimate(text, batch_size=32, history=hist)
     assert first.estimator != "history"
     # the prolog's view of the job: job_submit's record + the SPANK options
