@@ -12,11 +12,16 @@ Constraints that shaped the format (see docs/slurm-facts.md):
   4096): when it would, the least useful details are dropped first (free-form notes,
   co-tenant lists, older attempts' metrics and estimates, then whole middle attempts)
   and the record is marked ``truncated``.
-* **Never crashes its caller on foreign input.** Other tools may write AdminComment
-  too. :func:`decode` finds our token anywhere in the comment and raises
-  :class:`RecordDecodeError` (a ``ValueError``) on anything it cannot read;
-  :func:`try_decode` returns None instead. :func:`append_attempt` keeps foreign text
-  next to our token. Decompression is bounded (no zip bombs).
+* **Never crashes its caller on foreign input** (issue 11, M2). Other tools may write
+  AdminComment too, and root's epilog reads it before a requeue. Decoding is total:
+  :func:`decode` finds our token anywhere in the comment and, whatever the text,
+  returns a record or raises :class:`RecordDecodeError` (a ``ValueError``), never
+  anything else (a 5,000-digit integer, deep nesting, a float overflow, a non-ASCII
+  look-alike letter all end there); :func:`try_decode` returns None instead.
+  :func:`append_attempt` keeps foreign text next to our token and raises only
+  :class:`RecordTooLargeError`. Work is bounded: the comment is cut at
+  :data:`MAX_COMMENT_CHARS`, the token at :data:`MAX_TOKEN_CHARS`, decompression
+  at :data:`MAX_DECOMPRESSED` (no zip bombs).
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ VERSION = 1
 PREFIX = f"cl{VERSION}:"
 DEFAULT_MAX_BYTES = CollocConfig().admin_comment_max_bytes
 MAX_DECOMPRESSED = 1 << 20
-_TOKEN = re.compile(r"(?<![a-z0-9])cl(\d{1,3}):([a-z2-7]+)(?![a-z0-9])", re.IGNORECASE)
+MAX_COMMENT_CHARS = 1 << 20
+"""Longer AdminComments are looked at only this far (Slurm's own field is far shorter)."""
+MAX_TOKEN_CHARS = 64 * 1024
+"""Our token is at most ``admin_comment_max_bytes`` long; a longer one is not ours."""
+_TOKEN = re.compile(
+    r"(?<![a-z0-9])cl(\d{1,3}):([a-z2-7]+)(?![a-z0-9])", re.IGNORECASE | re.ASCII
+)
 _MIN_ENCODED = len(PREFIX) + 40  # room for an empty, truncated record
 
 
@@ -142,7 +153,12 @@ def _obj(d: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 def _num(d: dict[str, Any], key: str) -> float | None:
     v = _get(d, key, (int, float))
-    return None if v is None else float(v)
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except OverflowError as e:
+        raise RecordDecodeError(f"field {key!r}: number out of range") from e
 
 
 def _attempt_from_json(d: Any) -> Attempt:
@@ -202,8 +218,19 @@ def _attempt_from_json(d: Any) -> Attempt:
 def _decode_v1(payload: bytes) -> JobRecord:
     try:
         data = json.loads(payload)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RecordDecodeError(f"payload is not JSON: {e}") from e
+    except (ValueError, RecursionError) as e:
+        # JSONDecodeError, UnicodeDecodeError, ints beyond the digit limit, nesting
+        # deeper than the recursion limit
+        raise RecordDecodeError(f"payload is not JSON colloc can read: {e}") from e
+    try:
+        return _record_from_json(data)
+    except RecordDecodeError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError, AttributeError) as e:
+        raise RecordDecodeError(f"payload does not hold a colloc record: {e}") from e
+
+
+def _record_from_json(data: Any) -> JobRecord:
     if not isinstance(data, dict):
         raise RecordDecodeError("payload is not a JSON object")
     extra = _get(data, "x", dict, {})
@@ -233,6 +260,10 @@ def _unpack(version: int, body: str) -> JobRecord:
     decoder = _DECODERS.get(version)
     if decoder is None:
         raise UnsupportedVersionError(f"colloc record version {version} is not supported")
+    if len(body) > MAX_TOKEN_CHARS:
+        raise RecordDecodeError(f"token longer than {MAX_TOKEN_CHARS} characters")
+    if not body.isascii():
+        raise RecordDecodeError("token is not ASCII")
     body = body.upper()
     try:
         packed = base64.b32decode(body + "=" * (-len(body) % 8))
@@ -247,12 +278,19 @@ def _unpack(version: int, body: str) -> JobRecord:
         raise RecordDecodeError(f"record expands beyond {MAX_DECOMPRESSED} bytes")
     if not d.eof:
         raise RecordDecodeError("zlib stream is incomplete")
-    return decoder(raw)
+    try:
+        return decoder(raw)
+    except RecordDecodeError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError, AttributeError) as e:
+        # a decoder's own slip on hostile data is still only "cannot read this record"
+        raise RecordDecodeError(f"unreadable colloc record: {e}") from e
 
 
 def find_token(comment: str) -> re.Match[str] | None:
-    """The ``cl<N>:<base32>`` token inside an AdminComment, if any."""
-    return _TOKEN.search(comment)
+    """The ``cl<N>:<base32>`` token inside an AdminComment, if any (ASCII only, looked
+    for in the first :data:`MAX_COMMENT_CHARS` characters)."""
+    return _TOKEN.search(comment, 0, MAX_COMMENT_CHARS)
 
 
 def decode(comment: str) -> JobRecord:
@@ -418,6 +456,8 @@ def append_attempt(
     foreign = ""
     rec = JobRecord()
     if existing:
+        # lone surrogates (JSON can carry them) cannot be written back: replace them
+        existing = existing.encode("utf-8", "replace").decode("utf-8")
         m = find_token(existing)
         if m is None:
             foreign = existing.strip()

@@ -210,3 +210,121 @@ def test_wrong_types_refused() -> None:
 def test_arbitrary_text_never_crashes(s: str) -> None:
     try_decode(s)
     try_decode("cl1:" + s)
+
+
+# ------------------------------------------------ issue 11, M2: a total decoder ---
+
+
+def _tok(payload: bytes, version: str = "1") -> str:
+    import base64
+    import zlib
+
+    return f"cl{version}:" + base64.b32encode(zlib.compress(payload)).decode().rstrip("=").lower()
+
+
+HOSTILE_PAYLOADS = [
+    b'{"a":[{"n":' + b"9" * 5000 + b"}]}",  # int beyond Python's digit limit
+    b'{"da":' + b"9" * 5000 + b"}",
+    b"[" * 200_000,  # nesting deeper than the recursion limit
+    b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"x":' + b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"}",
+    b'{"a":[{"e":{"m":1,"x":"","g":' + b"9" * 400 + b"}}]}",  # float overflow
+    b'{"a":[{"m":{"a":1e999}}]}',
+    b'{"a":[{"n":1e5}]}',
+    b'{"a":[{"c":"\\ud800"}]}',  # lone surrogate
+    b'{"a":[{"n":NaN}]}',
+    b"\xff\xfe",
+]
+
+
+@pytest.mark.parametrize("payload", HOSTILE_PAYLOADS)
+def test_m2_hostile_payload_is_a_decode_error(payload: bytes) -> None:
+    """M2 (issue 11): a 5,000-digit integer, deep nesting or a float overflow in a token
+    raised ValueError/RecursionError/OverflowError out of the codec; now only the
+    codec's own RecordDecodeError (or a result), and append_attempt still works."""
+    token = _tok(payload)
+    for comment in (token, "site: x " + token.upper()):
+        with pytest.raises(RecordDecodeError):
+            decode(comment)
+        assert try_decode(comment) is None
+        out = append_attempt(comment, FULL)
+        assert decode(out).attempts[-1] == FULL
+
+
+def test_m2_lookalike_unicode_letters_are_not_a_token() -> None:
+    """M2: case-insensitive matching must not read non-ASCII letters (long s, Kelvin
+    sign: their upper case is ASCII) as base32: a token is ASCII only."""
+    enc = append_attempt(None, FULL)
+    i = next(i for i, ch in enumerate(enc) if i >= len(PREFIX) and ch == "s")
+    sneaky = enc[:i] + "\u017f" + enc[i + 1 :]
+    with pytest.raises(RecordDecodeError):
+        decode(sneaky)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(
+        st.sampled_from(["a", "n", "e", "m", "x", "g", "f", "s", "o", "r", "c", "p", "tr", "da"])
+        | st.text(max_size=3),
+        children,
+        max_size=5,
+    ),
+    max_leaves=30,
+)
+
+
+def _decode_is_total(comment: str) -> None:
+    import time
+
+    t0 = time.monotonic()
+    try:
+        rec = decode(comment)
+    except RecordDecodeError:
+        rec = None
+    assert rec is None or isinstance(rec, JobRecord)
+    assert try_decode(comment) == rec
+    try:
+        out = append_attempt(comment, Attempt(attempt=7))
+    except RecordTooLargeError:
+        assert len(comment.encode()) > 1000  # only foreign text that leaves no room
+    else:
+        assert len(out.encode()) <= 4096 and decode(out).attempts[-1].attempt == 7
+    assert time.monotonic() - t0 < 5
+
+
+def test_m2_lone_surrogate_in_foreign_text() -> None:
+    """M2: AdminComment from JSON may hold a lone surrogate; appending still works."""
+    out = append_attempt("site \ud800 x", FULL)
+    assert "\ud800" not in out and decode(out).attempts == (FULL,)
+    out.encode("utf-8")  # writable
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=600))
+def test_m2_fuzz_arbitrary_text(s: str) -> None:
+    """M2: arbitrary text in, a record or RecordDecodeError out, never another error."""
+    _decode_is_total(s)
+    _decode_is_total("cl1:" + s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    v=json_values,
+    version=st.sampled_from(["1", "01", "001", "2", "999"]),
+    pre=st.text(max_size=20),
+    upper=st.booleans(),
+)
+def test_m2_fuzz_well_formed_tokens_with_any_json(v, version, pre, upper) -> None:
+    """M2: a well-formed token (valid zlib, valid base32) around any JSON value."""
+    import json
+
+    tok = _tok(json.dumps(v).encode(), version)
+    _decode_is_total(pre + " " + (tok.upper() if upper else tok))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_m2_fuzz_tokens_with_any_bytes(b: bytes) -> None:
+    """M2: a token around arbitrary (decompressible) bytes."""
+    _decode_is_total(_tok(b))
