@@ -1,6 +1,12 @@
 """What to ask for when a collocated job ran out of GPU memory (or lost its MPS server).
 
 Pure arithmetic on shards, so it is easy to test and to explain in the report.
+
+Only jobs colloc placed are ever requeued or have their request rewritten
+(:func:`colloc_placed`): shard jobs, including the ``mode=whole`` jobs job_submit turned
+into all shards of one GPU. A user's own ``gres:gpu:N`` job is never touched by root,
+whatever its log shows: rewriting a 4-GPU DDP job to ``gres:shard:40`` would restart
+it silently on one GPU (issue 11, M5). Its attempt may still be recorded.
 """
 
 from __future__ import annotations
@@ -17,10 +23,23 @@ CUDA_FATAL_SHARED_REASON = (
     "server and nothing says whose it was, so the job gets a GPU of its own "
     "({n} shards); if the fault is its own it fails there alone and is not requeued again"
 )
+NOT_PLACED_REASON = (
+    "not placed by colloc (a gres/gpu request, not shards): never requeued or "
+    "rewritten by colloc"
+)
 CUDA_FATAL_WHOLE_REASON = (
     "fatal CUDA error on a GPU of its own: a bug in the job (or a GPU fault), not a "
     "co-tenant's; not requeued"
 )
+
+
+def colloc_placed(*, shards: int, gpu_count: int, foreign_shards: int = 0) -> bool:
+    """Whether colloc placed the job: a per-node shard request and no gres/gpu.
+
+    ``shards``: shards per node; ``gpu_count``: whole GPUs per node; ``foreign_shards``:
+    shards asked per job/task/socket (job_submit refuses those, so they are not ours).
+    """
+    return shards > 0 and gpu_count == 0 and foreign_shards == 0
 
 
 @dataclass(frozen=True)
@@ -40,6 +59,7 @@ def decide(
     restarts: int,
     estimate_mib: int | None,
     cfg: CollocConfig,
+    colloc_placed: bool = True,
 ) -> RequeueDecision:
     """Decide the next attempt of a job whose logs show ``cause``.
 
@@ -50,7 +70,12 @@ def decide(
     sticky CUDA error) of a shared job may be a co-tenant's fault delivered to every
     MPS client: it is requeued once on a whole GPU, where a job at fault fails alone;
     on a whole GPU it is the job's own and is not requeued.
+
+    ``colloc_placed`` False (see :func:`colloc_placed`): never requeued, whatever the
+    cause.
     """
+    if not colloc_placed:
+        return RequeueDecision(False, shards, NOT_PLACED_REASON)
     if cause == "cuda-fatal" and (shards <= 0 or shards >= shards_per_gpu):
         return RequeueDecision(False, shards, CUDA_FATAL_WHOLE_REASON)
     if cause not in ("gpu-oom", "mps-fault", "cuda-fatal"):

@@ -23,8 +23,11 @@ forever, or a device node whose open has side effects. The rule implemented here
    the job's user), which also defeats a hard link to a root file in the user's
    directory when ``fs.protected_hardlinks`` is off.
 5. With ``uid`` given and the process running as root, the whole walk and open run
-   with the user's effective uid, gid and groups (:func:`as_user`), so the kernel
-   refuses anything the user could not read themselves: defence in depth behind 1-4.
+   with the user's effective uid, primary gid and supplementary groups
+   (:func:`as_user`), so the kernel refuses anything the user could not read
+   themselves: defence in depth behind 1-4. Without an explicit ``gid`` the primary
+   gid comes from the passwd entry (never ``gid = uid``, which may be another group's
+   number: issue 11); a uid without a passwd entry is refused.
 
 Errors are reported as :class:`RefusedPath` (a rule said no) or :class:`OSError`
 (the file system said no); the caller turns both into a result, never a crash.
@@ -56,8 +59,11 @@ class PrivilegeRestoreError(RuntimeError):
 def as_user(uid: int, gid: int) -> Iterator[None]:
     """Run the body with the effective uid/gid/groups of a user; restore root after.
 
-    Only for single-threaded callers (the epilog): ``os.seteuid`` changes the
-    credentials of the whole process. A no-op unless we are root and ``uid`` is not 0.
+    ``gid`` is the user's primary gid (:func:`primary_gid`); the supplementary groups
+    are the user's own (``os.getgrouplist``), or just ``gid`` for a uid without a
+    passwd entry. Only for single-threaded callers (the epilog): ``os.seteuid``
+    changes the credentials of the whole process. A no-op unless we are root and
+    ``uid`` is not 0.
     """
     if os.geteuid() != 0 or uid == 0:
         yield
@@ -84,6 +90,17 @@ def as_user(uid: int, gid: int) -> Iterator[None]:
             os.setegid(0)
     finally:
         os.setgroups(saved_groups)
+
+
+def primary_gid(uid: int) -> int:
+    """The user's primary gid from passwd; :class:`RefusedPath` for an unknown uid."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        pw = None
+    if pw is None:
+        raise RefusedPath(f"uid {uid} has no passwd entry: its groups are unknown")
+    return int(pw.pw_gid)
 
 
 def _walk_dir(path: str, hops: list[int]) -> int:
@@ -160,10 +177,13 @@ def open_log(path: str, *, uid: int | None = None, gid: int | None = None) -> in
     """Open a job log for reading by the rules in the module docstring; return the fd.
 
     ``uid``/``gid``: the job's user. When given, the file must belong to ``uid`` and,
-    if we are root, the open happens with the user's credentials.
+    if we are root, the open happens with the user's credentials (``gid`` defaults to
+    the user's primary gid from passwd, and their supplementary groups apply).
     """
     if uid is not None:
-        with as_user(uid, gid if gid is not None else uid):
+        if gid is None and os.geteuid() == 0 and uid != 0:
+            gid = primary_gid(uid)
+        with as_user(uid, gid if gid is not None else os.getegid()):
             return _open_checked(path, uid)
     return _open_checked(path, None)
 

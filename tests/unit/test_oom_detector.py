@@ -302,3 +302,84 @@ def test_stat_mode_of_result_file_untouched(tmp_path) -> None:
     after = os.stat(p)
     assert stat.S_IMODE(before.st_mode) == stat.S_IMODE(after.st_mode)
     assert before.st_size == after.st_size
+
+
+# ------------------------------------------------------------ issue 11, Low ---
+
+
+def test_low_open_log_uses_primary_gid_and_groups(tmp_path, monkeypatch) -> None:
+    """Low (issue 11): without an explicit gid the log is opened with the user's primary
+    gid from passwd and the user's supplementary groups, never with gid = uid."""
+    import pwd as pwdmod
+
+    import slurm_colloc.oom.safe_open as so
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(so.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(so.os, "getgroups", lambda: [0])
+    monkeypatch.setattr(so.os, "setgroups", lambda g: calls.append(("setgroups", list(g))))
+    monkeypatch.setattr(so.os, "setegid", lambda g: calls.append(("setegid", g)))
+    monkeypatch.setattr(so.os, "seteuid", lambda u: calls.append(("seteuid", u)))
+    monkeypatch.setattr(so.os, "getgrouplist", lambda name, g: [g, 300, 301])
+    fake = pwdmod.struct_passwd(("fakeuser", "x", 1234, 4321, "", "/home/f", "/bin/sh"))
+    monkeypatch.setattr(so.pwd, "getpwuid", lambda uid: fake if uid == 1234 else None)
+    monkeypatch.setattr(so, "_open_checked", lambda path, uid: 42)
+    assert so.open_log("/some/log", uid=1234) == 42
+    assert ("setegid", 4321) in calls and ("setegid", 1234) not in calls
+    assert ("setgroups", [4321, 300, 301]) in calls
+    assert ("seteuid", 1234) in calls and calls[-1] == ("setgroups", [0])
+
+
+def test_low_unknown_user_without_gid_is_refused(monkeypatch) -> None:
+    """Low: a uid with no passwd entry and no gid given gets no guessed group."""
+    import slurm_colloc.oom.safe_open as so
+
+    def nouser(uid: int) -> None:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(so.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(so.pwd, "getpwuid", nouser)
+    monkeypatch.setattr(so, "_open_checked", lambda path, uid: 42)
+    with pytest.raises(RefusedPath):
+        so.open_log("/some/log", uid=987654)
+
+
+def _timed_scan(path, **kw):
+    import time
+
+    t0 = time.monotonic()
+    r = scan_file(path, **kw)
+    return r, time.monotonic() - t0
+
+
+def test_low_hundred_mib_line_without_newline(tmp_path) -> None:
+    """Low: one 100 MiB line with no newline is scanned within the configured tail, in
+    bounded time, and an OOM message at its end is still found."""
+    p = tmp_path / "big"
+    with open(p, "wb") as f:
+        block = b"x" * (1 << 20)
+        for _ in range(100):
+            f.write(block)
+        f.write(GPU_LINE.encode())
+    r, dt = _timed_scan(p)
+    assert r.cause == "gpu-oom" and r.status == "ok"
+    assert r.bytes_scanned <= DEFAULT_TAIL_BYTES and not r.complete
+    assert len(r.evidence.line) <= 600 and dt < 20
+    with open(p, "r+b") as f:  # the same without any message: whole tail, bounded
+        f.truncate(100 << 20)
+    r, dt = _timed_scan(p, tail_bytes=8 << 20)
+    assert r.cause == "none" and r.bytes_scanned <= 8 << 20 and dt < 20
+
+
+def test_low_nul_bytes_and_invalid_utf8(tmp_path) -> None:
+    """Low: a sparse file of NULs, and NUL/invalid UTF-8 around an OOM line."""
+    p = tmp_path / "sparse"
+    with open(p, "wb") as f:
+        f.truncate(200 << 20)
+    r, dt = _timed_scan(p)
+    assert r.cause == "none" and r.bytes_scanned <= DEFAULT_TAIL_BYTES and dt < 20
+    q = write(tmp_path, "mixed", b"\x00" * 70000 + b"\xc3\x28\xa0\xa1" + GPU_LINE.encode()
+              + b"\x00\xff\n" + b"\xed\xa0\x80" * 1000)
+    r = scan_file(q, tail_bytes=1 << 20)
+    assert r.cause == "gpu-oom"
+    assert "\x00" not in r.evidence.line and r.evidence.line.isprintable()

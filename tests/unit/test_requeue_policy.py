@@ -61,3 +61,24 @@ def test_fatal_cuda_error_on_a_whole_gpu_is_the_jobs_own() -> None:
     assert not d.requeue and "not requeued" in d.reason
     assert not _d(cause="cuda-fatal", shards=8, restarts=2).requeue  # capped as well
     assert not _d(cause="cuda-fatal", cfg=CollocConfig(requeue_on_oom=False)).requeue
+
+
+def test_m5_jobs_colloc_did_not_place_are_never_requeued() -> None:
+    """M5 (issue 11): a plain gres:gpu job (not placed by colloc) is never requeued or
+    converted to shards, whatever its log shows."""
+    for cause in ("mps-fault", "gpu-oom", "cuda-fatal", "host-oom", "none"):
+        d = decide(cause=cause, shards=0, shards_per_gpu=40, restarts=0, estimate_mib=None,
+                   cfg=CFG, colloc_placed=False)
+        assert not d.requeue and "not placed by colloc" in d.reason
+
+
+def test_m5_placed_is_shard_jobs_only() -> None:
+    """M5: only shard requests (shard jobs, mode=whole) count as placed by colloc."""
+    from slurm_colloc.node.requeue_policy import colloc_placed
+
+    assert colloc_placed(shards=8, gpu_count=0)
+    assert colloc_placed(shards=40, gpu_count=0)
+    assert not colloc_placed(shards=0, gpu_count=4)
+    assert not colloc_placed(shards=0, gpu_count=1)
+    assert not colloc_placed(shards=8, gpu_count=1)
+    assert not colloc_placed(shards=8, gpu_count=0, foreign_shards=8)
