@@ -155,8 +155,13 @@ def render_cli_filter(s: SiteSettings) -> str:
 
 
 def plugstack_line(plugin: Path) -> str:
-    """The plugstack.conf line loading the plugin."""
-    return f"required {plugin}"
+    """The plugstack.conf line loading the plugin.
+
+    ``optional``: a plugin that fails to load (a broken build, a Slurm upgrade) then
+    only loses ``--colloc`` instead of failing every srun/sbatch on the cluster; the
+    controller side (job_submit.lua) does not rely on the plugin.
+    """
+    return f"optional {plugin}"
 
 
 def slurm_conf_lines(conf_dir: Path, plugstack: Path | None = None) -> list[str]:

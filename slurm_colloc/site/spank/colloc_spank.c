@@ -29,13 +29,85 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_MEM_MIB (16L * 1024 * 1024) /* 16 TiB: far above any GPU; as job_submit.lua */
+#define MAX_SIZE_LEN 32 /* as job_submit.lua */
+
+/*
+ * SIZE: the grammar of parse_size_mib() in job_submit.lua, exactly:
+ *   ^[0-9]+(\.[0-9]*)?([KMGT]([iI]?[bB]?))?$  (unit letters in either case),
+ * at most 32 characters; no unit means MiB; K/M/G/T are binary. Nothing else:
+ * no sign, blanks, exponent (1e3), hex (0x10), inf/nan. Returns MiB rounded up
+ * (at least 1), or -1 for anything malformed, zero or above MAX_MEM_MIB.
+ *
+ * The number is checked by hand first; strtod() then converts only digits and one
+ * '.', as Lua's tonumber() does, and must consume all of them (a locale whose
+ * decimal point is not '.' makes it refuse rather than misread).
+ */
+static long parse_size_mib(const char *s)
+{
+	char num[MAX_SIZE_LEN + 1];
+	const char *p;
+	char *end = NULL;
+	size_t len, n;
+	double v, mult = 1.0;
+	long mib;
+
+	if (!s)
+		return -1;
+	len = strlen(s);
+	if (len == 0 || len > MAX_SIZE_LEN)
+		return -1;
+	p = s;
+	if (!(*p >= '0' && *p <= '9'))
+		return -1;
+	while (*p >= '0' && *p <= '9')
+		p++;
+	if (*p == '.') {
+		p++;
+		while (*p >= '0' && *p <= '9')
+			p++;
+	}
+	n = (size_t)(p - s);
+	switch (*p) {
+	case '\0': break;
+	case 'k': case 'K': mult = 1.0 / 1024; break;
+	case 'm': case 'M': mult = 1.0; break;
+	case 'g': case 'G': mult = 1024.0; break;
+	case 't': case 'T': mult = 1024.0 * 1024; break;
+	default: return -1;
+	}
+	if (*p) {
+		p++;
+		if (*p == 'i' || *p == 'I')
+			p++;
+		if (*p == 'b' || *p == 'B')
+			p++;
+		if (*p != '\0')
+			return -1;
+	}
+	memcpy(num, s, n);
+	num[n] = '\0';
+	errno = 0;
+	v = strtod(num, &end);
+	if (errno || end != num + n || !(v > 0))
+		return -1;
+	v = v * mult;
+	if (!(v <= (double)MAX_MEM_MIB))
+		return -1;
+	mib = (long)v;
+	if ((double)mib < v)
+		mib++;
+	return mib < 1 ? 1 : mib;
+}
+
+#ifndef COLLOC_SIZE_PARSER_ONLY /* the unit test compiles the parser alone */
+
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(colloc, 1);
 
 #define LOG_PREFIX "colloc: "
 #define MAX_VALUE_LEN 4096
-#define MAX_MEM_MIB (16L * 1024 * 1024) /* 16 TiB: far above any GPU */
 #define MAX_COUNT 100000000L
 
 enum opt_id {
@@ -74,51 +146,6 @@ static long parse_count(const char *s, long max)
 	if (errno || *end != '\0' || v < 1 || v > max)
 		return -1;
 	return v;
-}
-
-/*
- * SIZE: a number with an optional unit K, M, G, T (binary; optional "i"/"iB"/"B"),
- * no unit meaning MiB. Returns MiB (rounded up), or -1.
- * Same grammar as parse_size_mib() in job_submit.lua.
- */
-static long parse_size_mib(const char *s)
-{
-	char *end = NULL;
-	double v, mult = 1.0;
-	char unit;
-
-	if (!s || !isdigit((unsigned char)s[0]))
-		return -1;
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v <= 0)
-		return -1;
-	unit = (char)toupper((unsigned char)*end);
-	if (unit) {
-		switch (unit) {
-		case 'K': mult = 1.0 / 1024; break;
-		case 'M': mult = 1.0; break;
-		case 'G': mult = 1024.0; break;
-		case 'T': mult = 1024.0 * 1024; break;
-		default: return -1;
-		}
-		end++;
-		if (*end == 'i' || *end == 'I')
-			end++;
-		if (*end == 'B' || *end == 'b')
-			end++;
-		if (*end != '\0')
-			return -1;
-	}
-	v = v * mult;
-	if (v > (double)MAX_MEM_MIB)
-		return -1;
-	{
-		long mib = (long)v;
-		if ((double)mib < v)
-			mib++;
-		return mib < 1 ? 1 : mib;
-	}
 }
 
 static int check_value(int val, const char *optarg)
@@ -257,3 +284,5 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void)seen_colloc;
 	return 0;
 }
+
+#endif /* COLLOC_SIZE_PARSER_ONLY */
