@@ -15,6 +15,24 @@ NO_VAL = 4294967294
 SETTINGS = SiteSettings(shard_mib=1024, gpu_memory_mib=40960, trusted_uids=(0, 64030))
 
 
+# Slurm 22.05 (src/lua/slurm_lua.c) defines the log functions in Lua as
+# ``slurm.user_msg(string.format(unpack({...})))``: the first argument is a FORMAT, so a
+# ``%s`` in user text without an argument raises a Lua error inside slurmctld.
+_LOG = "function(sink) return function(...) sink(string.format(unpack({...}))) end end"
+# job_desc / job_rec are userdata proxies in slurmctld: every assignment goes through the
+# C setter, which takes a string or number (nil is an error) and turns "" into NULL.
+_JOB = """function(store)
+    return setmetatable({}, {
+        __index = store,
+        __newindex = function(_, k, v)
+            if v == nil then error("bad argument #3 to '__newindex' (got nil)") end
+            if v == "" then v = nil end
+            store[k] = v
+        end,
+    })
+end"""
+
+
 class Harness:
     def __init__(self, settings: SiteSettings = SETTINGS) -> None:
         self.lua = lupa.LuaRuntime(unpack_returned_tuples=True)
@@ -22,24 +40,31 @@ class Harness:
         self.info: list[str] = []
         fake = self.lua.eval("{}")
         fake.SUCCESS, fake.ERROR = 0, -1
-        fake.log_user = lambda msg: self.user_msgs.append(str(msg))
-        fake.log_info = self.lua.eval(
-            "function(sink) return function(fmt, ...) sink(string.format(fmt, ...)) end end"
-        )(lambda s: self.info.append(str(s)))
+        log = self.lua.eval(_LOG)
+        fake.log_user = log(lambda s: self.user_msgs.append(str(s)))
+        fake.log_info = log(lambda s: self.info.append(str(s)))
+        fake.log_error = log(lambda s: self.info.append(str(s)))
+        fake.log_verbose = log(lambda s: None)
+        fake.log_debug = log(lambda s: None)
         self.lua.globals().slurm = fake
+        self._job = self.lua.eval(_JOB)
         self.lua.execute(render_job_submit(settings))
 
-    def submit(self, spank: dict[str, str] | None = None, uid: int = 1000, **fields: Any):
-        job = self.lua.eval("{}")
+    def job(self, **fields: Any) -> Any:
+        """A job_desc/job_rec proxy holding ``fields`` (set as Slurm would, not via Lua)."""
+        store = self.lua.eval("{}")
         for k, v in fields.items():
-            job[k] = v
-        if job.min_nodes is None:
-            job.min_nodes = NO_VAL
+            store[k] = v
+        return self._job(store)
+
+    def submit(self, spank: dict[str, str] | None = None, uid: int = 1000, **fields: Any):
+        fields.setdefault("min_nodes", NO_VAL)
         if spank is not None:
             env = self.lua.eval("{}")
             for i, (k, v) in enumerate(spank.items()):
                 env[i] = f"_SLURM_SPANK_OPTION_colloc_{k}={v}"
-            job.spank_job_env = env
+            fields["spank_job_env"] = env
+        job = self.job(**fields)
         rc = self.lua.globals().slurm_job_submit(job, None, uid)
         return rc, job
 
@@ -156,10 +181,7 @@ def test_other_spank_plugins_ignored(h: Harness) -> None:
 
 
 def _modify(h: Harness, uid: int, admin_comment: str | None, **fields: Any) -> int:
-    desc, rec = h.lua.eval("{}"), h.lua.eval("{}")
-    rec.admin_comment, rec.job_id = admin_comment, 42
-    for k, v in fields.items():
-        desc[k] = v
+    desc, rec = h.job(**fields), h.job(admin_comment=admin_comment, job_id=42)
     return int(h.lua.globals().slurm_job_modify(desc, rec, None, uid))
 
 
@@ -170,7 +192,9 @@ def test_modify_guards_colloc_jobs(h: Harness) -> None:
     assert _modify(h, 1000, ac, time_limit=10) == 0
     assert _modify(h, 0, ac, tres_per_node="gres:shard:40") == 0  # the epilog's requeue
     assert _modify(h, 64030, ac, tres_per_node="gres:shard:40") == 0  # SlurmUser
-    assert _modify(h, 1000, None, tres_per_node="gres:gpu:1") == 0
+    # a user's update cannot turn a plain job into a GPU job (security issue 11, M4)
+    assert _modify(h, 1000, None, tres_per_node="gres:gpu:1") != 0
+    assert _modify(h, 1000, None, tres_per_node="gres:nvme:1") == 0
 
 
 def test_log_lines_have_prefix(h: Harness) -> None:

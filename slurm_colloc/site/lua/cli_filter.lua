@@ -22,6 +22,7 @@ local COLLOC = {
 }
 
 local MAX_OUTPUT = 65536
+local MAX_MIB = 16 * 1024 * 1024 -- as job_submit.lua
 
 local function sh_quote(s)
 	return "'" .. string.gsub(tostring(s), "'", "'\\''") .. "'"
@@ -106,7 +107,16 @@ local function estimate(o)
 			.. "estimator or fingerprint"
 	end
 	e.est = string.lower(e.est)
-	e.fp = string.sub(string.lower(e.fp), 1, 64)
+	e.fp = string.lower(e.fp)
+	-- Only what job_submit.lua accepts goes into the record: nothing the estimator
+	-- prints may add record syntax (a "," or "=" in the name or fingerprint).
+	if not string.match(e.est, "^[a-z0-9._-]+$") or #e.est > 32
+		or not string.match(e.fp, "^[0-9a-f]+$") or #e.fp > 64
+		or e.mib < 1 or e.mib > MAX_MIB or e.margin > e.mib then
+		return nil, "--colloc=" .. summary .. ": the estimator's JSON has an invalid "
+			.. "estimate_mib, margin_mib, estimator name ([a-z0-9._-]{1,32}) or fingerprint "
+			.. "(1-64 hex digits)"
+	end
 	return e, nil
 end
 

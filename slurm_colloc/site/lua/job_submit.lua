@@ -27,16 +27,35 @@ job_desc.spank_job_env as _SLURM_SPANK_OPTION_colloc_<opt>=VALUE):
               [,est=NAME,est_mib=E,margin_mib=G,fp=HEX][,why=REASON]
      only [a-z0-9._=,:-] characters (safe under slurmdbd's lowercasing).
 A job that asks for gres/shard without --colloc gets mode=shards, so the node
-scripts limit its memory to what it asked for (shards must fit one GPU).
+scripts limit its memory to what it asked for (shards, typed or not, must be asked
+per node in one entry and fit one GPU).
 
 Whole GPUs next to shards: Slurm 22.05 does not keep gres/gpu and gres/shard apart
 (seen on the devcluster: a --gres=gpu:1 job was given GPU 0 while three shard jobs ran
-on it). So a one-GPU request (--gres=gpu:1, --gpus=1, --gpus-per-node=1) becomes all
-the shards of one GPU (mode=whole: the node scripts run it without MPS), and a job
-asking for more than one GPU per node gets its nodes exclusively (no shared job can
-land on its GPUs).
+on it). So a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1], --gpus=1 on one node,
+--gpus-per-node=1) becomes all the shards of one GPU (mode=whole: the node scripts run
+it without MPS; the job's other gres stay); a job that may hold more than one GPU of a
+node (several GPUs, --gpus on several nodes, --gpus-per-task, --gpus-per-socket) gets
+its nodes exclusively (no shared job can land on its GPUs, nothing is squeezed onto one
+GPU). A job asking for whole GPUs and shards together is refused.
 
-Users may change colloc jobs only through root/SlurmUser (slurm_job_modify).
+All GPU requests are read from every TRES field (tres_per_node/job/socket/task), gres
+entries "gres:NAME[:TYPE][:COUNT]" (also "gres/"); an entry naming gpu or shard that
+cannot be read is refused, never ignored.
+
+AdminComment belongs to this script: whatever a submitter put there is cleared
+(root/SlurmUser may keep a note of their own that is not a colloc record); the record is
+written only from values computed or validated here.
+
+slurm_job_modify: root/SlurmUser (the epilog's requeue raising shards and rewriting the
+record) pass. Users may not change the GPU request of a recorded job, nor add gpu or
+shard requests to any job by `scontrol update` (a user's update can neither carry the
+record, AdminComment being admin-only in Slurm, nor make the job exclusive, so it
+cannot be normalised the way a submission is: cancel and resubmit), nor write a
+colloc record into AdminComment.
+
+Messages: slurm.log_* take a printf FORMAT (22.05: string.format(unpack({...}))), so
+text that may hold user data is always passed as an argument ("%s").
 --]]
 
 local COLLOC = {
@@ -59,11 +78,18 @@ local E_GRES = slurm.ESLURM_INVALID_GRES or 2072
 local E_NODES = slurm.ESLURM_INVALID_NODE_COUNT or 2006
 local E_ACCESS = slurm.ESLURM_ACCESS_DENIED or 2002
 
+local E_MAX_RECORD = 256 -- longest colloc-estimate record accepted from the comment
+
+-- fmt is a constant of this file; user data only ever travels in the arguments.
 local function reject(code, fmt, ...)
 	local msg = string.format(fmt, ...)
-	slurm.log_user("colloc: " .. msg)
+	slurm.log_user("%s", "colloc: " .. msg)
 	slurm.log_info("colloc: job_submit: rejected: %s", msg)
 	return code
+end
+
+local function starts_with(s, prefix)
+	return type(s) == "string" and string.sub(s, 1, #prefix) == prefix
 end
 
 -- SIZE grammar shared with the SPANK plugin: number + optional K/M/G/T[i][B]; bare = MiB.
@@ -106,32 +132,113 @@ local function colloc_options(job_desc)
 	return nil
 end
 
-local function has_gpu_request(s)
-	return type(s) == "string" and string.find(s, "gpu", 1, true) ~= nil
+local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
+local MAX_TRES = 1024
+-- Slurm reads gres counts with an optional k/m/g suffix (x1024 each).
+local COUNT_MULT = { [""] = 1, k = 1024, m = 1024 * 1024, g = 1024 * 1024 * 1024 }
+
+local function gres_count(tok)
+	local d, suffix = string.match(tok, "^(%d+)([kKmMgG]?)$")
+	if not d or #d > 9 then return nil end
+	return tonumber(d) * COUNT_MULT[string.lower(suffix)]
 end
 
--- Shard count of a TresPerNode string ("gres:shard:5", "gres/shard:5"), or nil.
-local function shard_request(s)
-	if type(s) ~= "string" then return nil end
-	local k = string.match(s, "gres[:/]shard:(%d+)")
-	if k then return tonumber(k) end
-	if string.match(s, "gres[:/]shard$") or string.match(s, "gres[:/]shard,") then return 1 end
-	return nil
+-- The gpu and shard entries of one TRES string.
+-- Returns a table { gpu = {entries}, shard = {entries}, other = {raw entries} } with
+-- entries { count = N, type = TYPE|nil, raw = TEXT }, or (nil, error message).
+local function gres_entries(s)
+	local r = { gpu = {}, shard = {}, other = {} }
+	if s == nil or s == "" then return r end
+	if type(s) ~= "string" or #s > MAX_TRES then return nil, "unreadable TRES request" end
+	for raw in string.gmatch(s, "[^,]+") do
+		local body = string.match(raw, "^[gG][rR][eE][sS][:/](.*)$") or raw
+		local parts = {}
+		for p in string.gmatch(body, "[^:=]+") do parts[#parts + 1] = p end
+		local name = string.lower(parts[1] or "")
+		if name == "gpu" or name == "shard" then
+			local e = { raw = raw }
+			if #parts == 1 then
+				e.count = 1
+			elseif #parts == 2 then
+				e.count = gres_count(parts[2])
+				if not e.count then e.type, e.count = parts[2], 1 end
+			elseif #parts == 3 then
+				e.type, e.count = parts[2], gres_count(parts[3])
+			end
+			if not e.count or (e.type and not string.match(e.type, "^[%w._-]+$")) then
+				return nil, "cannot read the request " .. raw
+			end
+			table.insert(r[name], e)
+		else
+			local lraw = string.lower(raw)
+			if (string.find(lraw, "gpu", 1, true) or string.find(lraw, "shard", 1, true))
+				and not string.match(name, "^[%w._-]+$") then
+				-- not an entry we understand, but it speaks of GPUs: refuse, never ignore
+				return nil, "cannot read the request " .. raw
+			end
+			r.other[#r.other + 1] = raw
+		end
+	end
+	return r
 end
 
--- Parse "colloc-estimate:v1:..." at the start of the comment.
+local function total(entries)
+	local n = 0
+	for _, e in ipairs(entries) do n = n + e.count end
+	return n
+end
+
+-- GPU and shard requests over all TRES fields of a job_desc:
+--   { [field] = gres_entries(...), gpus = N (all fields), shards = N,
+--     gpu_fields = { field = N }, shard_fields = { field = N }, mentions_gpu/shard }
+-- or (nil, error message).
+local function gres_request(job_desc)
+	local req = { gpus = 0, shards = 0, gpu_fields = {}, shard_fields = {} }
+	for _, f in ipairs(TRES_FIELDS) do
+		local r, err = gres_entries(job_desc[f])
+		if not r then return nil, f .. ": " .. err end
+		req[f] = r
+		if #r.gpu > 0 then
+			req.mentions_gpu = true
+			req.gpu_fields[f] = total(r.gpu)
+			req.gpus = req.gpus + req.gpu_fields[f]
+		end
+		if #r.shard > 0 then
+			req.mentions_shard = true
+			req.shard_fields[f] = total(r.shard)
+			req.shards = req.shards + req.shard_fields[f]
+		end
+	end
+	return req
+end
+
+-- Parse "colloc-estimate:v1:..." at the start of the comment: exactly the keys mib,
+-- margin, est, fp, each once. The comment is the user's: every value is checked here
+-- and only validated values go into the record.
 -- Returns (estimate table | nil, rest of the comment, error message | nil).
+local EST_KEYS = { mib = true, margin = true, est = true, fp = true }
 local function take_estimate(comment)
 	if type(comment) ~= "string" or string.sub(comment, 1, #EST_PREFIX) ~= EST_PREFIX then
 		return nil, comment, nil
 	end
 	local record, rest = string.match(comment, "^(%S+)%s?(.*)$")
+	if #record > E_MAX_RECORD then
+		return nil, rest, "estimate record longer than " .. E_MAX_RECORD .. " characters"
+	end
 	local body = string.match(record, "^colloc%-estimate:v1:(.+)$")
 	if not body then
 		return nil, rest, "unknown estimate record version (expected colloc-estimate:v1:...)"
 	end
 	local fields = {}
-	for k, v in string.gmatch(body, "([%w_]+)=([^,]*)") do fields[k] = v end
+	for pair in string.gmatch(body .. ",", "([^,]*),") do
+		local k, v = string.match(pair, "^([%w_]+)=([^=]*)$")
+		if not k then
+			return nil, rest, "estimate field '" .. pair .. "' is not KEY=VALUE"
+		end
+		if not EST_KEYS[k] then return nil, rest, "unknown estimate field " .. k end
+		if fields[k] then return nil, rest, "estimate field " .. k .. " given twice" end
+		fields[k] = v
+	end
 	local e = {
 		mib = tonumber(string.match(fields.mib or "", "^%d+$") or ""),
 		margin = tonumber(string.match(fields.margin or "", "^%d+$") or ""),
@@ -164,15 +271,28 @@ local function add_shards(tres, k)
 	return piece
 end
 
-local function colloc_submit(job_desc, opts, submit_uid)
-	for _, f in ipairs({ "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }) do
-		if has_gpu_request(job_desc[f]) then
-			return reject(E_GRES, "--colloc cannot be combined with --gres=gpu or --gpus*: "
-				.. "a --colloc job gets a share of one GPU (drop the GPU request, or drop --colloc "
-				.. "to get whole GPUs)")
-		end
+local function is_trusted(uid)
+	return COLLOC.trusted_uids[tonumber(uid)] == true
+end
+
+-- Nobody but this script writes AdminComment at submission: clear what the submitter
+-- gave (root/SlurmUser may keep a note of their own that is not a colloc record).
+local function scrub_admin_comment(job_desc, submit_uid)
+	local ac = job_desc.admin_comment
+	if ac == nil then return end
+	if is_trusted(submit_uid) and not starts_with(string.lower(ac), "colloc") then return end
+	job_desc.admin_comment = "" -- Slurm's setter turns "" into NULL
+	slurm.log_info("colloc: job_submit: uid %s: AdminComment given at submission dropped",
+		tostring(submit_uid))
+end
+
+local function colloc_submit(job_desc, opts, req, submit_uid)
+	if req.mentions_gpu then
+		return reject(E_GRES, "--colloc cannot be combined with --gres=gpu or --gpus*: "
+			.. "a --colloc job gets a share of one GPU (drop the GPU request, or drop --colloc "
+			.. "to get whole GPUs)")
 	end
-	if shard_request(job_desc.tres_per_node) then
+	if req.mentions_shard then
 		return reject(E_GRES, "--colloc cannot be combined with --gres=shard: give the memory "
 			.. "with --colloc-mem=SIZE instead")
 	end
@@ -195,7 +315,8 @@ local function colloc_submit(job_desc, opts, submit_uid)
 		mode = "explicit"
 	elseif err then
 		return reject(E_GRES, "malformed memory estimate in the job's comment: %s "
-			.. "(resubmit with sbatch --colloc=SUMMARY, or give --colloc-mem=SIZE)", err)
+			.. "(resubmit with sbatch --colloc=SUMMARY, or give --colloc-mem=SIZE)",
+			string.sub(err, 1, 200))
 	elseif comment_est then
 		mode, est = "estimate", comment_est
 		need = est.mib
@@ -233,7 +354,7 @@ local function colloc_submit(job_desc, opts, submit_uid)
 	if why then rec = rec .. ",why=" .. why end
 	job_desc.admin_comment = rec
 	if mode == "default" then
-		slurm.log_user(string.format("colloc: no GPU memory estimate came with this job (%s); "
+		slurm.log_user("%s", string.format("colloc: no GPU memory estimate came with this job (%s); "
 			.. "it gets %d MiB (%d shards%s). Use sbatch --colloc=SUMMARY "
 			.. "--colloc-batch-size=N or --colloc-mem=SIZE to share a GPU.",
 			why == "no-estimate" and "was the cli_filter bypassed?" or "no summary or size given",
@@ -244,8 +365,19 @@ local function colloc_submit(job_desc, opts, submit_uid)
 	return slurm.SUCCESS
 end
 
-local function plain_shard_submit(job_desc, k, submit_uid)
+local function plain_shard_submit(job_desc, req, submit_uid)
 	local spg = shards_per_gpu()
+	for f, _ in pairs(req.shard_fields) do
+		if f ~= "tres_per_node" then
+			return reject(E_GRES, "shards are GPU memory of one GPU per node: ask for them with "
+				.. "--gres=shard:N (not per job, task or socket)")
+		end
+	end
+	local entries = req.tres_per_node.shard
+	if #entries > 1 then
+		return reject(E_GRES, "ask for shards once (--gres=shard:N), not in several entries")
+	end
+	local k = req.shards
 	if k > spg then
 		return reject(E_GRES, "gres/shard:%d does not fit one GPU (%d shards of %d MiB each); "
 			.. "shards are GPU memory and a job's shards come from one GPU", k, spg,
@@ -258,36 +390,23 @@ local function plain_shard_submit(job_desc, k, submit_uid)
 	return slurm.SUCCESS
 end
 
--- Whole GPUs asked for per node: (count, field) for "gres:gpu:N" / "gres:gpu:TYPE:N"
--- in tres_per_node, or in tres_per_job of a one-node job; nil when no GPU is asked.
-local function gpu_request(job_desc)
-	for _, f in ipairs({ "tres_per_node", "tres_per_job" }) do
-		local s = job_desc[f]
-		if type(s) == "string" then
-			local n = string.match(s, "gres[:/]gpu:(%d+)$") or string.match(s, "gres[:/]gpu:(%d+),")
-				or string.match(s, "gres[:/]gpu:[^:,]+:(%d+)")
-			if n then return tonumber(n), f end
-			if string.match(s, "gres[:/]gpu$") or string.match(s, "gres[:/]gpu,") then
-				return 1, f
-			end
-		end
-	end
-	return nil, nil
+-- A TRES string's entries other than gpu (only called when it asks for no shards).
+local function without_gpus(r)
+	return table.concat(r.other, ",")
 end
 
-local function whole_gpu_submit(job_desc, n, field, submit_uid)
+local function whole_gpu_submit(job_desc, req, submit_uid)
 	local min_nodes = job_desc.min_nodes
 	local one_node = min_nodes == nil or min_nodes == NO_VAL or min_nodes <= 1
-	if n == 1 and (field == "tres_per_node" or one_node) and not has_gpu_request(job_desc.tres_per_task)
-		and not has_gpu_request(job_desc.tres_per_socket) then
+	local field, n = next(req.gpu_fields)
+	local single = next(req.gpu_fields, field) == nil and n == 1 and #req[field].gpu == 1
+	if single and (field == "tres_per_node" or (field == "tres_per_job" and one_node)) then
 		local spg = shards_per_gpu()
-		local other = job_desc.tres_per_node
-		if field == "tres_per_node" then
-			other = nil
-		else
-			job_desc[field] = "" -- Slurm's Lua setters take strings, not nil
+		if field == "tres_per_job" then
+			job_desc.tres_per_job = without_gpus(req.tres_per_job) -- "" clears it
 		end
-		job_desc.tres_per_node = add_shards(other, spg)
+		local keep = without_gpus(req.tres_per_node)
+		job_desc.tres_per_node = add_shards(keep, spg)
 		local rec = string.format("%smode=whole,need_mib=%d,shards=%d,shard_mib=%d,alloc_mib=%d",
 			RECORD_PREFIX, spg * COLLOC.shard_mib, spg, COLLOC.shard_mib, spg * COLLOC.shard_mib)
 		job_desc.admin_comment = rec
@@ -295,47 +414,81 @@ local function whole_gpu_submit(job_desc, n, field, submit_uid)
 			tostring(submit_uid), spg, rec)
 		return slurm.SUCCESS
 	end
-	-- several GPUs per node: Slurm 22.05 could put shard jobs on them; take the nodes whole
+	-- May hold several GPUs of a node (several GPUs, --gpus over several nodes,
+	-- --gpus-per-task, --gpus-per-socket): Slurm 22.05 could put shard jobs on them,
+	-- and squeezing them onto one GPU would be wrong; take the nodes whole.
 	job_desc.shared = 0
-	slurm.log_info("colloc: job_submit: uid %s: %d GPUs per node: nodes given exclusively",
-		tostring(submit_uid), n)
+	slurm.log_info("colloc: job_submit: uid %s: %d GPUs (%s): nodes given exclusively",
+		tostring(submit_uid), req.gpus, field)
 	return slurm.SUCCESS
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
+	scrub_admin_comment(job_desc, submit_uid)
+	local req, err = gres_request(job_desc)
+	if not req then
+		return reject(E_GRES, "%s (expected gres:NAME[:TYPE][:COUNT])", err)
+	end
 	local opts = colloc_options(job_desc)
 	if opts ~= nil then
-		return colloc_submit(job_desc, opts, submit_uid)
+		return colloc_submit(job_desc, opts, req, submit_uid)
 	end
 	-- Not a --colloc job (an estimate record in its comment means nothing then).
-	local k = shard_request(job_desc.tres_per_node)
-	if k ~= nil then
-		return plain_shard_submit(job_desc, k, submit_uid)
+	if req.gpus > 0 and req.shards > 0 then
+		return reject(E_GRES, "a job cannot ask for whole GPUs and shards together (%d GPUs, "
+			.. "%d shards): ask for --gres=shard:N (GPU memory on one shared GPU) or for GPUs, "
+			.. "not both", req.gpus, req.shards)
 	end
-	local n, field = gpu_request(job_desc)
-	if n ~= nil and n > 0 then
-		return whole_gpu_submit(job_desc, n, field, submit_uid)
+	if req.shards > 0 then
+		return plain_shard_submit(job_desc, req, submit_uid)
+	end
+	if req.gpus > 0 then
+		return whole_gpu_submit(job_desc, req, submit_uid)
 	end
 	return slurm.SUCCESS
 end
 
+-- Changes by users (not root/SlurmUser). Slurm passes the requester's uid as the 4th
+-- argument; job_desc holds only the fields the update sets (others nil / NO_VAL).
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-	if COLLOC.trusted_uids[modify_uid] then return slurm.SUCCESS end
 	local ac = job_rec.admin_comment
-	if type(ac) ~= "string" or string.sub(ac, 1, #RECORD_PREFIX) ~= RECORD_PREFIX then
+	local recorded = starts_with(ac, RECORD_PREFIX)
+	local job = tostring(job_rec.job_id)
+	if is_trusted(modify_uid) then
+		if job_desc.admin_comment ~= nil or job_desc.tres_per_node ~= nil then
+			slurm.log_info("colloc: job_modify: job %s changed by uid %s (trusted)", job,
+				tostring(modify_uid))
+		end
 		return slurm.SUCCESS
 	end
-	for _, f in ipairs({ "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }) do
-		if job_desc[f] ~= nil then
+	local new_ac = job_desc.admin_comment
+	if new_ac ~= nil and (recorded or starts_with(string.lower(new_ac), "colloc")) then
+		return reject(E_ACCESS, "job %s: its AdminComment holds slurm-colloc's record; only "
+			.. "root or SlurmUser may change it", job)
+	end
+	local changes = false
+	for _, f in ipairs(TRES_FIELDS) do
+		if job_desc[f] ~= nil then changes = true end
+	end
+	if changes then
+		local mode = recorded and string.match(ac, "^colloc1:mode=([a-z]+)") or nil
+		if mode == "estimate" or mode == "explicit" or mode == "default" then
 			return reject(E_ACCESS, "job %s is a --colloc job: its GPU share is fixed at "
-				.. "submission; cancel it and resubmit with another --colloc-mem or summary",
-				tostring(job_rec.job_id))
+				.. "submission; cancel it and resubmit with another --colloc-mem or summary", job)
+		end
+		local req, err = gres_request(job_desc)
+		if recorded or not req or req.mentions_gpu or req.mentions_shard then
+			return reject(E_ACCESS, "job %s: GPU and shard requests are fixed at submission on "
+				.. "this cluster (slurm-colloc records them then%s); cancel the job and resubmit "
+				.. "it with the new request", job, err and ": " .. err or "")
 		end
 	end
 	local n = job_desc.min_nodes
-	if n ~= nil and n ~= NO_VAL and n > 1 then
-		return reject(E_NODES, "job %s is a --colloc job and runs on one node",
-			tostring(job_rec.job_id))
+	if recorded and n ~= nil and n ~= NO_VAL and n > 1 then
+		local mode = string.match(ac, "^colloc1:mode=([a-z]+)")
+		if mode == "estimate" or mode == "explicit" or mode == "default" then
+			return reject(E_NODES, "job %s is a --colloc job and runs on one node", job)
+		end
 	end
 	return slurm.SUCCESS
 end
