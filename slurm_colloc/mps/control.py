@@ -1,30 +1,176 @@
-"""Drive one MPS control daemon: start it, send it commands, stop it.
+"""Drive one MPS control daemon: start it, send it commands, stop it, and know it.
 
 The same code drives the real ``nvidia-cuda-mps-control`` and the simulation's
 stand-in; only the binary in ``CollocConfig.mps_control`` differs. Commands go over
 the program's stdin exactly as an admin would type them, never through a shell.
 
 One daemon serves one (GPU, user) pair, with its own pipe and log directory (see
-:mod:`slurm_colloc.mps.layout`): the pipe directory belongs to the user and is 0700,
-so no other user's process can even reach the daemon.
+:mod:`slurm_colloc.mps.tenancy`). The pipe directory is handed to the user once the
+daemon runs, so everything in it is the user's to replace: a job once removed the
+``control`` socket and the pid file there and wrote another user's pid into
+``nvidia-cuda-mps-control.pid``; the epilog then sent that process SIGTERM. So root
+learns the daemon's identity once, while the pipe directory is still root's, and
+keeps it in root-owned state (:class:`DaemonIdentity`: pid, kernel start time,
+program, pipe directory). Every later signal goes only to a process that still
+matches that identity in ``/proc``; nothing in the pipe directory is read again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import stat
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
+STATE_FILE = "daemon.json"
+"""In the (GPU, user) directory (root 0755), beside ``pipe/``: root 0600."""
+MAX_SMALL_FILE = 64
 
 
 class MpsControlError(RuntimeError):
     """The control daemon could not be started or did not answer."""
+
+
+def read_small_file(path: Path, *, owner: int | None = 0, limit: int = MAX_SMALL_FILE) -> str:
+    """Read a tiny regular file without following links or blocking on a FIFO.
+
+    Raises OSError for anything but a regular file of ``owner`` (None: any owner)
+    that fits in ``limit`` bytes.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise OSError(f"{path}: owned by uid {st.st_uid}, not {owner}")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(f"{path}: larger than {limit} bytes")
+    return data.decode("ascii", errors="replace")
+
+
+def _proc_read(pid: int, name: str, limit: int = 1 << 16) -> bytes | None:
+    try:
+        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    raw = _proc_read(pid, "stat", 4096)
+    if not raw or b")" not in raw:
+        return None
+    return raw[raw.rfind(b")") + 2:].split()
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (stat field 22): with the pid, a unique identity."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_parent(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_alive(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] not in (b"Z", b"X")  # type: ignore[index]
+
+
+def _proc_uid(pid: int) -> int | None:
+    raw = _proc_read(pid, "status")
+    for line in (raw or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return None
+
+
+def _proc_env(pid: int, key: str) -> str | None:
+    raw = _proc_read(pid, "environ", 1 << 20) or b""
+    prefix = key.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
+def _runs_program(pid: int, binary: str) -> bool:
+    """The process is ``binary``: its executable, or the script an interpreter runs."""
+    want = os.path.realpath(binary)
+    with contextlib.suppress(OSError):
+        if os.path.realpath(os.readlink(f"/proc/{pid}/exe")) == want:
+            return True
+    argv = (_proc_read(pid, "cmdline") or b"").split(b"\0")
+    return any(os.path.realpath(a.decode("utf-8", "replace")) == want for a in argv[:2] if a)
+
+
+@dataclass(frozen=True)
+class DaemonIdentity:
+    """Who root started: checked against /proc before any signal."""
+
+    pid: int
+    start_ticks: int
+    binary: str
+    pipe_dir: str
+
+    def matches(self) -> bool:
+        """The live process ``pid`` is still the daemon root started (not a reused pid)."""
+        return (
+            proc_start_ticks(self.pid) == self.start_ticks
+            and _proc_alive(self.pid)
+            and _proc_uid(self.pid) == os.geteuid()
+            and _proc_env(self.pid, "CUDA_MPS_PIPE_DIRECTORY") == self.pipe_dir
+            and _runs_program(self.pid, self.binary)
+        )
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` only if the process still matches; True when sent."""
+        if not self.matches():
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+        return True
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """An MPS server child of our daemon, seen by ``get_server_list``."""
+
+    pid: int
+    start_ticks: int
+    daemon_pid: int
+
+    def matches(self) -> bool:
+        return (
+            proc_start_ticks(self.pid) == self.start_ticks
+            and _proc_alive(self.pid)
+            and proc_parent(self.pid) == self.daemon_pid
+        )
 
 
 @dataclass(frozen=True)
@@ -35,6 +181,12 @@ class MpsDaemon:
     gpu: int
     pipe_dir: Path
     log_dir: Path
+    state_file: Path | None = None
+    """Root-owned identity record; default: ``pipe_dir/../daemon.json``."""
+
+    @property
+    def _state(self) -> Path:
+        return self.state_file or self.pipe_dir.parent / STATE_FILE
 
     def _env(self) -> dict[str, str]:
         return {
@@ -44,39 +196,62 @@ class MpsDaemon:
             "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
         }
 
+    # --- identity -----------------------------------------------------------------
+    def identity(self) -> DaemonIdentity | None:
+        """The recorded identity (root state), whether or not the process lives."""
+        try:
+            d = json.loads(read_small_file(self._state, owner=os.geteuid(), limit=4096))
+            return DaemonIdentity(int(d["pid"]), int(d["start_ticks"]), str(d["binary"]),
+                                  str(d["pipe_dir"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _save_identity(self, ident: DaemonIdentity) -> None:
+        tmp = self._state.with_name(self._state.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(json.dumps(asdict(ident)))
+        os.replace(tmp, self._state)
+
+    def _forget_identity(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._state.unlink()
+
     def pid(self) -> int | None:
-        """Pid of the running daemon, None if it is not running (stale files ignored)."""
+        """Pid of our running daemon, from root state verified in /proc; else None."""
+        ident = self.identity()
+        return ident.pid if ident is not None and ident.matches() else None
+
+    def _socket_present(self) -> bool:
         try:
-            pid = int((self.pipe_dir / PID_FILE).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return None
-        except (OSError, IndexError):
-            return None
-        return pid
+            return stat.S_ISSOCK((self.pipe_dir / CONTROL_SOCKET).lstat().st_mode)
+        except OSError:
+            return False
 
     def running(self) -> bool:
-        """True when the daemon answers on its control socket."""
-        return self.pid() is not None and (self.pipe_dir / CONTROL_SOCKET).exists()
+        """Our daemon lives and its control socket is there (a job may delete it)."""
+        return self.pid() is not None and self._socket_present()
 
+    # --- life cycle ---------------------------------------------------------------
     def start(self, timeout: float = 10) -> None:
-        """Start the daemon (``-d``) unless it runs; wait until it accepts commands."""
+        """Start the daemon (``-d``) unless it runs; wait until it accepts commands.
+
+        Call only while the pipe directory is root's (Tenancy.prepare_user_dirs): the
+        pid file is read once, here, to learn the identity root keeps.
+        """
         if self.running():
             return
+        if self.pid() is not None:  # alive but its socket is gone: replace, never orphan
+            self.stop(timeout=timeout)
         with contextlib.suppress(FileNotFoundError):
             (self.pipe_dir / CONTROL_SOCKET).unlink()
         try:
             cp = subprocess.run(
                 [self.binary, "-d"], env=self._env(), capture_output=True, text=True,
-                timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+                timeout=timeout, check=False, stdin=subprocess.DEVNULL, cwd="/",
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsControlError(f"{self.binary} -d: {e}") from e
@@ -86,25 +261,42 @@ class MpsDaemon:
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.running():
+            ident = self._learn_identity()
+            if ident is not None and self._socket_present():
+                self._save_identity(ident)
                 return
             time.sleep(0.02)
         raise MpsControlError(
             f"MPS control daemon for GPU {self.gpu} did not come up in {timeout}s"
         )
 
+    def _learn_identity(self) -> DaemonIdentity | None:
+        """Identity from the daemon's pid file while the pipe directory is root's."""
+        try:
+            st = self.pipe_dir.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise MpsControlError(f"{self.pipe_dir} is not root's: identity not learned")
+            pid = int(read_small_file(self.pipe_dir / PID_FILE).split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        ticks = proc_start_ticks(pid)
+        if ticks is None:
+            return None
+        ident = DaemonIdentity(pid, ticks, self.binary, str(self.pipe_dir))
+        return ident if ident.matches() else None
+
     def command(self, *lines: str, timeout: float = 10) -> str:
         """Send commands on stdin (one per line); return what the daemon printed."""
         try:
             cp = subprocess.run(
                 [self.binary], input="".join(f"{ln}\n" for ln in lines), env=self._env(),
-                capture_output=True, text=True, timeout=timeout, check=False,
+                capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsControlError(f"{self.binary}: {e}") from e
         if cp.returncode != 0:
             raise MpsControlError(f"{self.binary}: {'; '.join(lines)}: {cp.stderr.strip()[:500]}")
-        return cp.stdout
+        return cp.stdout[:65536]
 
     def set_defaults(self, limit_mib: int | None, thread_pct: int) -> None:
         """Default pinned memory limit (device 0 = the one visible GPU) and SM share."""
@@ -118,28 +310,61 @@ class MpsDaemon:
 
     def server_pids(self) -> list[int]:
         """``get_server_list``: pids of the MPS servers this daemon runs."""
-        return [int(t) for t in self.command("get_server_list").split() if t.isdigit()]
+        return [int(t) for t in self.command("get_server_list").split()
+                if t.isdigit() and len(t) < 10]
 
-    def stop(self, timeout: float = 10) -> None:
-        """``quit``, then SIGTERM/SIGKILL if the daemon ignores it; idempotent."""
-        pid = self.pid()
-        if pid is None:
+    def _servers(self, daemon_pid: int) -> list[ServerIdentity]:
+        """Servers that are verifiably children of our daemon (others are ignored)."""
+        out = []
+        with contextlib.suppress(MpsControlError):
+            for pid in self.server_pids():
+                ticks = proc_start_ticks(pid)
+                if ticks is not None and proc_parent(pid) == daemon_pid:
+                    out.append(ServerIdentity(pid, ticks, daemon_pid))
+        return out
+
+    def stop(self, timeout: float = 10) -> list[int]:
+        """``quit``; then SIGTERM/SIGKILL to our daemon and its servers if they linger.
+
+        Signals go only to processes that still match the identities root recorded
+        (daemon) or saw as the daemon's children (servers). Returns the pids that had
+        to be signalled. Idempotent; bounded by ``timeout`` plus the kill grace.
+        """
+        ident = self.identity()
+        if ident is None or not ident.matches():
+            self._forget_identity()
             self._remove_socket()
-            return
+            return []
+        servers = self._servers(ident.pid)
         with contextlib.suppress(MpsControlError):
             self.command("quit", timeout=timeout)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.pid() is not None:
+        while time.monotonic() < deadline and (
+            ident.matches() or any(s.matches() for s in servers)
+        ):
             time.sleep(0.05)
+        signalled: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if self.pid() is None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            time.sleep(0.3)
+            for s in servers:
+                if s.matches():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(s.pid, sig)
+                    signalled.append(s.pid)
+            if ident.signal(sig):
+                signalled.append(ident.pid)
+            grace = time.monotonic() + 2
+            while time.monotonic() < grace and (
+                ident.matches() or any(s.matches() for s in servers)
+            ):
+                time.sleep(0.05)
+        if ident.matches() or any(s.matches() for s in servers):
+            raise MpsControlError(f"MPS daemon {ident.pid} on GPU {self.gpu} survived SIGKILL")
+        self._forget_identity()
         self._remove_socket()
+        return sorted(set(signalled))
 
     def _remove_socket(self) -> None:
+        """Unlink by name only (unlink never follows a link; nothing is read)."""
         for name in (CONTROL_SOCKET, PID_FILE):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 (self.pipe_dir / name).unlink()

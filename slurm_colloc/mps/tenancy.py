@@ -3,11 +3,19 @@
 ::
 
     mps_root/                       root 0755
-      jobs/<jobid>.env              root 0644  what the TaskProlog exports
+      jobs/<jobid>.env              root:gid 0640  what the TaskProlog exports
+      ctx/<jobid>.json              root 0600  the prolog's job context, for the epilog
       gpu<i>/lock                   root 0600  flock: one prolog/epilog per GPU at a time
+      gpu<i>/uid<u>/daemon.json     root 0600  the daemon's identity (pid, start time)
       gpu<i>/uid<u>/pipe/           user 0700  the daemon's pipe dir (only u can connect)
-      gpu<i>/uid<u>/log/            root 0755  control.log, server.log
+      gpu<i>/uid<u>/log/            root:gid 0750  control.log, server.log
       gpu<i>/uid<u>/jobs/<jobid>    root 0644  one marker per job using this daemon
+      gpu<i>/uid<u>/absent/<jobid>  root 0644  first time the controller did not list it
+
+Modes are set explicitly (chmod after create), never left to the umask: under umask
+077 a 0644 job file became 0600 and the TaskProlog, which runs as the user, silently
+exported nothing. Nothing here is read from the user's pipe directory: the daemon's
+identity lives in ``daemon.json`` (:mod:`slurm_colloc.mps.control`).
 
 One daemon per (GPU, user): MPS runs one server per user per GPU and makes a second
 user's clients wait for the first user's to finish. Separate daemons let different
@@ -26,9 +34,15 @@ import fcntl
 import os
 import shutil
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+LOCK_TIMEOUT_S = 60.0
+"""Longest a prolog/epilog waits for a GPU's lock; every holder's work is bounded
+(MPS commands 10 s each, no controller calls under the lock), so a longer wait means
+a stuck holder: the waiter gives up (the job runs without MPS) instead of hanging."""
 
 
 class TenancyError(RuntimeError):
@@ -36,9 +50,18 @@ class TenancyError(RuntimeError):
 
 
 def ensure_root_dir(path: Path, mode: int = 0o755) -> Path:
-    """mkdir that refuses symlinks and foreign owners at the final component."""
+    """mkdir that refuses symlinks and foreign owners at the final component.
+
+    Missing parents are made 0755 explicitly: ``mkdir(parents=True)`` would give
+    them the umask's mode (0700 under umask 077, which locks the users out).
+    """
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    for parent in reversed(missing[1:]):
+        with contextlib.suppress(FileExistsError):
+            parent.mkdir()
+            os.chmod(parent, 0o755, follow_symlinks=False)  # noqa: S103 - traversable by jobs
     try:
-        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        path.mkdir(mode=mode, exist_ok=True)
     except FileExistsError as e:
         raise TenancyError(f"{path} exists and is not a directory") from e
     st = path.lstat()
@@ -72,13 +95,33 @@ class Tenancy:
     def job_env_file(self, job_id: int) -> Path:
         return self.root / "jobs" / f"{job_id}.env"
 
+    def job_context_file(self, job_id: int) -> Path:
+        return self.root / "ctx" / f"{job_id}.json"
+
+    def daemon_state(self, gpu: int, uid: int) -> Path:
+        return self.user_dir(gpu, uid) / "daemon.json"
+
     @contextlib.contextmanager
-    def locked(self, gpu: int) -> Iterator[None]:
-        """Serialise prolog/epilog work on one GPU (20 jobs may end at once)."""
+    def locked(self, gpu: int, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+        """Serialise prolog/epilog work on one GPU (20 jobs may end at once).
+
+        Bounded: raises TenancyError after ``timeout`` s instead of blocking slurmd.
+        """
         ensure_root_dir(self.gpu_dir(gpu))
         fd = os.open(self.gpu_dir(gpu) / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TenancyError(
+                            f"GPU {gpu}: lock held for over {timeout:.0f}s by another "
+                            "prolog/epilog"
+                        ) from None
+                    time.sleep(0.05)
             yield
         finally:
             os.close(fd)
@@ -90,9 +133,13 @@ class Tenancy:
         if pipe.is_symlink() or pipe.exists():
             shutil.rmtree(pipe) if pipe.is_dir() and not pipe.is_symlink() else pipe.unlink()
         ensure_root_dir(pipe, 0o700)
-        ensure_root_dir(self.log_dir(gpu, uid))
+        log = ensure_root_dir(self.log_dir(gpu, uid), 0o750)
+        with contextlib.suppress(KeyError):
+            import pwd
+
+            os.chown(log, os.geteuid(), pwd.getpwuid(uid).pw_gid, follow_symlinks=False)
         ensure_root_dir(self.user_dir(gpu, uid) / "jobs")
-        return pipe, self.log_dir(gpu, uid)
+        return pipe, log
 
     def hand_pipe_dir_to(self, gpu: int, uid: int, gid: int) -> None:
         """After the daemon made its socket: let the job's user (only) reach it."""
@@ -104,6 +151,21 @@ class Tenancy:
     def add_job(self, gpu: int, uid: int, job_id: int) -> None:
         marker = ensure_root_dir(self.user_dir(gpu, uid) / "jobs") / str(job_id)
         marker.write_text(f"{job_id}\n")
+        self.clear_absent(gpu, uid, job_id)
+
+    def absent_since(self, gpu: int, uid: int, job_id: int, now: float) -> float:
+        """When the controller first failed to list this registered job (records now)."""
+        d = ensure_root_dir(self.user_dir(gpu, uid) / "absent")
+        path = d / str(job_id)
+        try:
+            return float(path.read_text()[:32])
+        except (OSError, ValueError):
+            path.write_text(f"{now}\n")
+            return now
+
+    def clear_absent(self, gpu: int, uid: int, job_id: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.user_dir(gpu, uid) / "absent" / str(job_id)).unlink()
 
     def remove_job(self, job_id: int) -> list[tuple[int, int]]:
         """Drop the job's markers; return the (gpu, uid) daemons it was using."""
@@ -112,6 +174,7 @@ class Tenancy:
             gpu = int(marker.parents[2].name[3:])
             uid = int(marker.parents[1].name[3:])
             marker.unlink(missing_ok=True)
+            self.clear_absent(gpu, uid, job_id)
             used.append((gpu, uid))
         self.job_env_file(job_id).unlink(missing_ok=True)
         return used
@@ -136,13 +199,42 @@ class Tenancy:
                 out.setdefault(int(marker.name), []).append((gpu, uid))
         return out
 
-    def write_job_env(self, job_id: int, values: dict[str, str]) -> None:
-        """What the TaskProlog (running as the user) exports into the job's tasks."""
+    def write_job_env(self, job_id: int, values: dict[str, str], gid: int = 0) -> None:
+        """What the TaskProlog (running as the user) exports into the job's tasks.
+
+        root:gid 0640: the job's user (through its primary group) reads it; other
+        users do not learn each other's pipe directories and limits.
+        """
         ensure_root_dir(self.root / "jobs")
-        path = self.job_env_file(job_id)
-        tmp = path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.writelines(f"{k}={v}\n" for k, v in sorted(values.items()))
-        os.replace(tmp, path)
+        text = "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
+        _write_root_file(self.job_env_file(job_id), text, 0o640, gid)
+
+    def write_job_context(self, job_id: int, text: str) -> None:
+        """The prolog's job context for the epilog (root 0600)."""
+        ensure_root_dir(self.root / "ctx", 0o700)
+        _write_root_file(self.job_context_file(job_id), text, 0o600, 0)
+
+    def read_job_context(self, job_id: int) -> str | None:
+        """The saved context, or None (no prolog ran here, or it is not root's file)."""
+        from slurm_colloc.mps.control import read_small_file
+
+        try:
+            return read_small_file(self.job_context_file(job_id), limit=1 << 16)
+        except OSError:
+            return None
+
+    def forget_job_context(self, job_id: int) -> None:
+        with contextlib.suppress(OSError):
+            self.job_context_file(job_id).unlink()
+
+
+def _write_root_file(path: Path, text: str, mode: int, gid: int) -> None:
+    """Atomic write with an explicit mode and group (umask-proof, no link followed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchown(f.fileno(), os.geteuid(), gid)
+        os.fchmod(f.fileno(), mode)
+        f.write(text)
+    os.replace(tmp, path)

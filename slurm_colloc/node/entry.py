@@ -48,9 +48,9 @@ def _slurm(env: Mapping[str, str]) -> SlurmCli:
 def _run_root_script(
     component: str, env: Mapping[str, str], body: Callable[..., str], on_error: str
 ) -> int:
-    """Shared frame of Prolog and Epilog: config, context, body, log; never raise.
+    """Shared frame of Prolog and Epilog: config, body, log; never raise.
 
-    ``body(ctx, cfg, adapter, log)`` returns the line to log. Any error is logged with
+    ``body(cfg, adapter, log)`` returns the line to log. Any error is logged with
     ``on_error`` (what the safe path means for the job) and the exit status stays 0.
     """
     log = node_logger(component, env.get("SLURM_JOB_ID", "?"), None)
@@ -58,24 +58,47 @@ def _run_root_script(
         cfg, log = _setup(component, env)
         if cfg is None:
             return 0
-        adapter = _slurm(env)
-        ctx = jobmod.from_slurm(env, adapter)
-        log.info("%s", body(ctx, cfg, adapter, log))
+        log.info("%s", body(cfg, _slurm(env), log))
     except Exception as e:  # noqa: BLE001 - policy: log, take the safe path, never drain
         log.error("internal error, %s: %s: %s", on_error, type(e).__name__, e)
     return 0
 
 
 def prolog_main(env: Mapping[str, str]) -> int:
-    """Prolog: see :mod:`slurm_colloc.node.prolog`."""
+    """Prolog: see :mod:`slurm_colloc.node.prolog`.
+
+    One controller call: the ``squeue --json`` snapshot gives the job's own record
+    and, for reaping, which registered jobs are still alive. It is taken before any
+    GPU lock, so a slow controller never holds up other jobs' prologs and epilogs.
+    """
     from slurm_colloc.node import prolog
 
-    def body(ctx: jobmod.JobContext, cfg: cfgmod.CollocConfig, adapter: SlurmCli,
-             log: object) -> str:
-        d = prolog.run(ctx, cfg, adapter)
+    def body(cfg: cfgmod.CollocConfig, adapter: SlurmCli, log: object) -> str:
+        if not env.get("SLURM_JOB_GPUS"):  # slurmd bound no GPU: nothing to ask Slurm
+            return prolog.no_gpu(jobmod.bare_context(env), cfg)
+        jobs = adapter.jobs()
+        ctx = jobmod.from_slurm(env, adapter, jobs)
+        d = prolog.run(ctx, cfg, adapter, jobs)
         return f"{d.mode} gpu={d.gpu} limit_mib={d.limit_mib} {d.detail}"
 
     return _run_root_script("prolog", env, body, "job runs without MPS")
+
+
+def epilog_context(
+    env: Mapping[str, str], cfg: cfgmod.CollocConfig, adapter: SlurmCli
+) -> jobmod.JobContext:
+    """The context the prolog saved (root state); the controller only when there is none."""
+    from pathlib import Path
+
+    from slurm_colloc.mps.tenancy import Tenancy
+
+    job_id, _ = jobmod.ids_from_env(env)
+    tenancy = Tenancy(Path(cfg.mps_root))
+    saved = tenancy.read_job_context(job_id)
+    tenancy.forget_job_context(job_id)
+    if saved is not None:
+        return jobmod.context_from_json(saved, env)
+    return jobmod.from_slurm(env, adapter)
 
 
 def task_prolog_main(env: Mapping[str, str]) -> int:
@@ -97,8 +120,10 @@ def epilog_main(env: Mapping[str, str]) -> int:
     """Epilog: see :mod:`slurm_colloc.node.epilog`."""
     from slurm_colloc.node import epilog
 
-    def body(ctx: jobmod.JobContext, cfg: cfgmod.CollocConfig, adapter: SlurmCli,
-             log: Any) -> str:
-        return epilog.run(ctx, cfg, adapter, log).summary()
+    def body(cfg: cfgmod.CollocConfig, adapter: SlurmCli, log: Any) -> str:
+        job_id, _ = jobmod.ids_from_env(env)
+        released = epilog.release_first(job_id, cfg)  # before any controller call
+        ctx = epilog_context(env, cfg, adapter)
+        return epilog.run(ctx, cfg, adapter, log, released).summary()
 
     return _run_root_script("epilog", env, body, "nothing requeued")

@@ -57,19 +57,25 @@ class EpilogResult:
         return " ".join(parts)
 
 
-def release_mps(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> None:
-    """Forget the job; stop each (GPU, user) daemon it leaves without jobs."""
+def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
+    """Forget the job; stop each (GPU, user) daemon it leaves without jobs.
+
+    Works from root-owned state alone (the job's markers), before any controller
+    call: with slurmctld down, the GPU is still released at once.
+    """
     tenancy = Tenancy(Path(cfg.mps_root))
-    for gpu in ctx.gpus:
+    gpus = sorted({g for g, _ in tenancy.all_jobs().get(job_id, [])})
+    for gpu in gpus:
         with tenancy.locked(gpu):
-            for g, uid in tenancy.remove_job(ctx.job_id):
+            for g, uid in tenancy.remove_job(job_id):
                 result.released.append((g, uid))
             for uid in tenancy.users_on(gpu):
                 if not tenancy.jobs_of(gpu, uid):
                     d = daemon_for(cfg, tenancy, gpu, uid)
-                    if d.pid() is not None:
+                    if d.identity() is not None:
                         d.stop()
                         result.stopped_daemons.append((gpu, uid))
+    tenancy.job_env_file(job_id).unlink(missing_ok=True)
 
 
 def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:
@@ -115,15 +121,27 @@ def _record_history(ctx: JobContext, cfg: CollocConfig, metrics: Any, result: Ep
         result.errors.append(f"history not recorded: {e}")
 
 
-def run(
-    ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter, log: logging.LoggerAdapter[Any]
-) -> EpilogResult:
-    """Do the epilog's work for one job (see module docstring)."""
-    result = EpilogResult(ctx.job_id)
+def release_first(job_id: int, cfg: CollocConfig) -> EpilogResult:
+    """The epilog's first step, before the job context is even built."""
+    result = EpilogResult(job_id)
     try:
-        release_mps(ctx, cfg, result)
+        release_mps(job_id, cfg, result)
     except Exception as e:  # noqa: BLE001 - keep going: OOM handling is independent
         result.errors.append(f"MPS release failed: {e}")
+    return result
+
+
+def run(
+    ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter, log: logging.LoggerAdapter[Any],
+    result: EpilogResult | None = None,
+) -> EpilogResult:
+    """Do the epilog's work for one job (see module docstring).
+
+    ``result``: what :func:`release_first` did (the entry point releases MPS before
+    it asks anything of Slurm); without it, the release happens here.
+    """
+    if result is None:
+        result = release_first(ctx.job_id, cfg)
     if not ctx.gpus:
         return result
     _scan_and_decide(ctx, cfg, result)

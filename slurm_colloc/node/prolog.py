@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,9 @@ from pathlib import Path
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.control import MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
-from slurm_colloc.node.job import JobContext
-from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmCli, SlurmError
+from slurm_colloc.node.job import JobContext, context_to_json
+from slurm_colloc.slurm.adapter import SlurmAdapter
+from slurm_colloc.slurm.squeue_json import SlurmJob
 
 
 @dataclass(frozen=True)
@@ -37,36 +39,44 @@ class PrologDecision:
     detail: str = ""
 
 
+ABSENT_GRACE_S = 120.0
+"""A registered job missing from the controller's list is reaped only when it was
+already missing this long ago: one snapshot taken during a controller restart or
+failover must not tear down the MPS daemons of running jobs."""
+
+
 def daemon_for(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> MpsDaemon:
     """The MPS control daemon handle serving ``uid`` on ``gpu``."""
-    return MpsDaemon(cfg.mps_control, gpu, tenancy.pipe_dir(gpu, uid), tenancy.log_dir(gpu, uid))
+    return MpsDaemon(cfg.mps_control, gpu, tenancy.pipe_dir(gpu, uid), tenancy.log_dir(gpu, uid),
+                     tenancy.daemon_state(gpu, uid))
 
 
 def reap_stale(
-    cfg: CollocConfig, tenancy: Tenancy, gpu: int, adapter: SlurmAdapter, keep: int | None = None
+    cfg: CollocConfig, tenancy: Tenancy, gpu: int, jobs: Mapping[int, SlurmJob] | None,
+    keep: int | None = None, now: float | None = None,
 ) -> list[int]:
     """Forget jobs on ``gpu`` the controller says are over; stop daemons left idle.
 
     Covers a crashed epilog or a node reboot: markers of finished jobs would
-    otherwise keep a daemon (and its pipe directory) alive forever.
+    otherwise keep a daemon (and its pipe directory) alive forever. ``jobs`` is the
+    snapshot the prolog already took (no controller call here, under the lock);
+    None (the controller could not be asked) reaps nothing. A job listed as pending
+    or finished is reaped at once; one missing from the list only after
+    ``ABSENT_GRACE_S``.
     """
+    now = time.time() if now is None else now
     reaped = []
-    active: set[int] | None = None
     for uid in tenancy.users_on(gpu):
         for job in tenancy.jobs_of(gpu, uid):
-            if job == keep:
+            if job == keep or jobs is None:
                 continue
-            if active is None and isinstance(adapter, SlurmCli):
-                try:  # one squeue for all markers instead of one scontrol each
-                    active = adapter.active_job_ids()
-                except SlurmError:
-                    active = None
-            if active is not None:
-                stale = job not in active
+            info = jobs.get(job)
+            if info is not None:
+                stale = not info.active
+                if not stale:
+                    tenancy.clear_absent(gpu, uid, job)
             else:
-                info = adapter.show_job(job)
-                state = (info or {}).get("JobState", "UNKNOWN")
-                stale = info is None or state in TERMINAL_STATES or state == "PENDING"
+                stale = now - tenancy.absent_since(gpu, uid, job, now) >= ABSENT_GRACE_S
             if stale:
                 tenancy.remove_job(job)
                 reaped.append(job)
@@ -75,16 +85,44 @@ def reap_stale(
     return reaped
 
 
-def run(ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter) -> PrologDecision:
-    """Prepare MPS for the job (see module docstring)."""
+def user_total_mib(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> int:
+    """Memory of all of ``uid``'s jobs on ``gpu`` (their limits, from root state)."""
+    total = 0
+    for job in tenancy.jobs_of(gpu, uid):
+        try:
+            text = tenancy.job_env_file(job).read_text()[:8192]
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            if key == "COLLOC_LIMIT_MIB" and value.isdigit() and len(value) < 9:
+                total += int(value)
+    return total
+
+
+def no_gpu(ctx: JobContext, cfg: CollocConfig) -> str:
+    """A job slurmd bound no GPU to: leave the epilog a context so it asks nothing."""
+    Tenancy(Path(cfg.mps_root)).write_job_context(ctx.job_id, context_to_json(ctx))
+    return "none gpu=None no GPU bound by slurmd"
+
+
+def run(
+    ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter,
+    jobs: Mapping[int, SlurmJob] | None = None,
+) -> PrologDecision:
+    """Prepare MPS for the job (see module docstring).
+
+    ``jobs``: the controller snapshot the context came from (used for reaping).
+    """
     tenancy = Tenancy(Path(cfg.mps_root))
     if not ctx.gpus:
         return PrologDecision("none", detail="no GPU bound to the job")
+    tenancy.write_job_context(ctx.job_id, context_to_json(ctx))
     start_metrics(ctx, cfg)
     if not ctx.is_shared:
         for gpu in ctx.gpus:
             with tenancy.locked(gpu):
-                reap_stale(cfg, tenancy, gpu, adapter)
+                reap_stale(cfg, tenancy, gpu, jobs)
                 busy = [j for u in tenancy.users_on(gpu) for j in tenancy.jobs_of(gpu, u)]
             if busy:
                 return PrologDecision(
@@ -93,17 +131,7 @@ def run(ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter) -> PrologDeci
         return PrologDecision("exclusive", ctx.gpus[0], detail="whole GPU, no MPS")
     gpu = ctx.gpus[0]
     limit = ctx.shards * cfg.shard_mib
-    with tenancy.locked(gpu):
-        reap_stale(cfg, tenancy, gpu, adapter, keep=ctx.job_id)
-        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid)
-        if not daemon.running():
-            tenancy.prepare_user_dirs(gpu, ctx.uid)
-            daemon.start()
-            if cfg.active_thread_percentage:
-                daemon.set_defaults(None, cfg.active_thread_percentage)
-            gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
-            tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
-        tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+    gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
     env = {
         "CUDA_MPS_PIPE_DIRECTORY": str(tenancy.pipe_dir(gpu, ctx.uid)),
         "CUDA_MPS_LOG_DIRECTORY": str(tenancy.log_dir(gpu, ctx.uid)),
@@ -114,7 +142,20 @@ def run(ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter) -> PrologDeci
     }
     if cfg.active_thread_percentage:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
-    tenancy.write_job_env(ctx.job_id, env)
+    with tenancy.locked(gpu):
+        reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id)
+        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid)
+        if not daemon.running():
+            tenancy.prepare_user_dirs(gpu, ctx.uid)
+            daemon.start()
+            if cfg.active_thread_percentage:
+                daemon.set_defaults(None, cfg.active_thread_percentage)
+            tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
+        tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+        tenancy.write_job_env(ctx.job_id, env, gid)
+        # server side: a client that drops its own limit (env -i, --cleanenv) gets
+        # its user's total share of this GPU, not the whole GPU (docs/node.md)
+        daemon.set_defaults(user_total_mib(cfg, tenancy, gpu, ctx.uid), 0)
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
         detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}",

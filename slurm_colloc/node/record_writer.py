@@ -4,10 +4,12 @@ Why a detached helper: from inside the Epilog the job is still COMPLETING, when
 ``scontrol update AdminComment`` is refused ("Job has already finished"), and
 ``sacctmgr modify job`` only sticks once the controller has sent the job's final
 record to slurmdbd (slurm-facts.md). So the epilog leaves the encoded text in a
-root-owned spool file and starts this helper, which waits for the job to leave
-COMPLETING, writes with sacctmgr (the encoding survives its lowercasing), reads it
-back, and retries a few times. The spool file is removed only after a verified write,
-so ``colloc admin`` tooling can replay leftovers after a crash.
+root-owned spool file and starts this helper, which waits until slurmdbd has the
+job's end (``sacct``: slurmdbd, not slurmctld, so no load on the controller; Slurm
+advises against controller calls from node scripts), writes with sacctmgr (the
+encoding survives its lowercasing), reads it back, and retries a few times. The
+spool file is removed only after a verified write, so ``colloc admin`` tooling can
+replay leftovers after a crash.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from slurm_colloc.node.detach import spawn_module
 from slurm_colloc.node.logging_setup import node_logger
-from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
+from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmError, by_start
 
 TRIES = 8
 
@@ -33,11 +35,17 @@ def spool_path(spool_dir: str, job_id: int) -> Path:
 def write_when_finished(
     adapter: SlurmAdapter, job_id: int, text: str, *, wait: float = 120, pause: float = 1.0
 ) -> str:
-    """Wait for the job to finish completing, then set and verify AdminComment."""
+    """Wait until slurmdbd records the job's end, then set and verify AdminComment.
+
+    Asks slurmdbd only (sacct/sacctmgr), never the controller.
+    """
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        info = adapter.show_job(job_id)
-        if info is None or info.get("JobState") not in ("COMPLETING", "RUNNING", "CONFIGURING"):
+        try:
+            recs = by_start(adapter.accounting([job_id]))
+        except SlurmError:
+            recs = []
+        if recs and recs[-1].state.split()[0] in TERMINAL_STATES:
             break
         time.sleep(pause)
     want = text.lower()

@@ -10,7 +10,6 @@ and unit tests swap in a fake without patching subprocess everywhere.
 from __future__ import annotations
 
 import abc
-import json
 import os
 import re
 import shutil
@@ -19,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SACCT_FIELDS = (
+from slurm_colloc.slurm.squeue_json import SlurmJob, SqueueJsonError, parse_jobs
+
+SACCT_FIELDS = (  # the names AccountingRecord.fields carries (sacct --format names)
     "JobIDRaw",
     "JobName",
     "User",
@@ -43,7 +44,12 @@ class SlurmError(RuntimeError):
 
 @dataclass(frozen=True)
 class AccountingRecord:
-    """One job (not step) line from sacct, fields by name."""
+    """One job (not step) record from ``sacct --json``, by its ``--format`` names.
+
+    ``fields`` has every name of :data:`SACCT_FIELDS` in sacct's text formats (local
+    ISO times or ``Unknown``, ``[D-]HH:MM:SS``, ``N:S``, ``type/name=count`` TRES);
+    see :mod:`slurm_colloc.slurm.sacct_json` for the mapping.
+    """
 
     job_id: str
     state: str
@@ -78,8 +84,24 @@ class SlurmAdapter(abc.ABC):
         """Submit a batch script (text), return the job id."""
 
     @abc.abstractmethod
+    def jobs(self) -> dict[int, SlurmJob]:
+        """Every job the controller holds, typed (one ``squeue --json``).
+
+        Raises :class:`SlurmError` when the controller cannot be asked or its answer
+        is not squeue's JSON: "unknown" must never look like "no jobs".
+        """
+
     def show_job(self, job_id: int | str) -> dict[str, Any] | None:
-        """``scontrol show job`` as a dict (None when the controller forgot the job)."""
+        """One job with scontrol's field names (None when the controller forgot it).
+
+        Built from :meth:`jobs` (JSON), never from ``scontrol`` text: a user's comment
+        or output path can hold ``Key=Value`` text that scontrol prints unescaped.
+        """
+        try:
+            job = self.jobs().get(int(job_id))
+        except ValueError:
+            return None
+        return None if job is None else scontrol_view(job)
 
     @abc.abstractmethod
     def accounting(self, job_ids: Sequence[int | str]) -> list[AccountingRecord]:
@@ -108,6 +130,20 @@ class SlurmAdapter(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_ids: Sequence[int | str]) -> None:
         """scancel the jobs."""
+
+
+def scontrol_view(job: SlurmJob) -> dict[str, Any]:
+    """The typed job under scontrol's field names, for callers written against them."""
+    code = job.exit_status
+    return {
+        "JobId": str(job.job_id), "JobName": job.name, "UserId": str(job.user_id),
+        "JobState": job.state, "Restarts": str(job.restarts),
+        "TresPerNode": job.tres_per_node, "TresPerJob": job.tres_per_job,
+        "TresPerTask": job.tres_per_task, "GRES": ",".join(job.gres_detail),
+        "AdminComment": job.admin_comment, "Comment": job.comment,
+        "StdOut": job.stdout or "", "StdErr": job.stderr or job.stdout or "",
+        "ExitCode": f"{code[0]}:{code[1]}", "BatchHost": job.batch_host,
+    }
 
 
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_:/.]*$")
@@ -193,36 +229,23 @@ class SlurmCli(SlurmAdapter):
         except ValueError as e:
             raise SlurmError(f"sbatch printed no job id: {cp.stdout!r} {cp.stderr!r}") from e
 
-    def show_job(self, job_id: int | str) -> dict[str, Any] | None:
-        cp = self.run("scontrol", "-o", "-d", "show", "job", str(job_id), check=False)
-        if cp.returncode != 0:
-            if "Invalid job id" in cp.stderr:
-                return None
-            raise SlurmError(f"scontrol show job {job_id}: {cp.stderr.strip()}")
-        recs = _kv_records(cp.stdout)
-        return dict(recs[0]) if recs else None
+    def jobs(self) -> dict[int, SlurmJob]:
+        cp = self.run("squeue", "--json")
+        try:
+            return parse_jobs(cp.stdout)
+        except SqueueJsonError as e:
+            raise SlurmError(str(e)) from e
 
     def accounting(self, job_ids: Sequence[int | str]) -> list[AccountingRecord]:
+        # JSON, never --parsable2: its '|' and newlines are not escaped (issue 11, M6)
+        from slurm_colloc.slurm import sacct_json
+
         if not job_ids:
             return []
         cp = self.run(
-            "sacct",
-            "--parsable2",
-            "--noheader",
-            "--allocations",
-            "--duplicates",
-            f"--format={','.join(SACCT_FIELDS)}",
-            "--jobs",
-            ",".join(str(j) for j in job_ids),
+            "sacct", *sacct_json.SACCT_JSON_ARGS, "--jobs", ",".join(str(j) for j in job_ids),
         )
-        out = []
-        for line in cp.stdout.splitlines():
-            parts = line.split("|")
-            if len(parts) != len(SACCT_FIELDS):
-                continue
-            rec = dict(zip(SACCT_FIELDS, parts, strict=True))
-            out.append(AccountingRecord(rec["JobIDRaw"], rec["State"], rec))
-        return out
+        return sacct_json.parse(cp.stdout)
 
     def update_job(self, job_id: int | str, **settings: str) -> None:
         pairs = (f"{k}={v}" for k, v in settings.items())
@@ -248,16 +271,6 @@ class SlurmCli(SlurmAdapter):
         if job_ids:
             self.run("scancel", *(str(j) for j in job_ids), check=False)
 
-    def active_job_ids(self) -> set[int]:
-        """Jobs holding resources now (configuring, running, completing, suspended, ...)."""
-        cp = self.run("squeue", "-h", "-t", "CF,R,CG,S,ST,SO,RS,RD", "-o", "%A")
-        return {int(t) for t in cp.stdout.split() if t.isdigit()}
-
-    def squeue_json(self) -> dict[str, Any]:
-        """``squeue --json`` (all jobs the controller knows)."""
-        data = json.loads(self.run("squeue", "--json").stdout)
-        assert isinstance(data, dict)
-        return data
 
 
 TERMINAL_STATES = frozenset(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
@@ -15,6 +16,13 @@ SHOW_JOB = (
     "Command=/home/alice/run me.sh WorkDir=/home/alice/my dir TresPerNode=gres:shard:12 "
     "AdminComment=cl1.abc GRES=shard:12(IDX:3)"
 )
+
+SACCT_JSON = json.dumps({"jobs": [  # sacct --json (22.05, openapi/dbv0.0.38), trimmed
+    {"job_id": 42, "name": "train", "user": "alice", "state": {"current": "REQUEUED"},
+     "comment": {"administrator": None}, "time": {"start": 1795000005}},
+    {"job_id": 42, "name": "train", "user": "alice", "state": {"current": "COMPLETED"},
+     "comment": {"administrator": "cl1.x"}, "time": {"start": 1795000105}},
+]})
 
 
 class FakeRun:
@@ -35,22 +43,34 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> tuple[ad.SlurmCli, FakeRun]:
         {
             "scontrol": (0, SHOW_JOB + "\n", ""),
             "sbatch": (0, "123;colloc\n", ""),
-            "sacct": (0, "42|train|alice|REQUEUED|0:0|a|b|c|d|e|f|g||\n"
-                         "42|train|alice|COMPLETED|0:0|a|b|c|d|e|f|g|cl1.x|\n", ""),
+            "sacct": (0, SACCT_JSON, ""),
         }
     )
     monkeypatch.setattr(ad.subprocess, "run", fake)
     return ad.SlurmCli(env={"PATH": "/usr/bin"}, bindir="/usr/bin"), fake
 
 
-def test_show_job_keeps_values_with_spaces(cli: tuple[ad.SlurmCli, FakeRun]) -> None:
-    adapter, _ = cli
-    job = adapter.show_job(42)
+SQUEUE_JSON = json.dumps({"jobs": [  # squeue --json (22.05), trimmed
+    {"job_id": 42, "user_id": 1001, "user_name": "alice", "name": "train",
+     "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres:shard:12",
+     "gres_detail": ["shard:12(IDX:3)"], "admin_comment": "cl1.abc",
+     "comment": "x AdminComment=colloc1:mode=whole GRES=gpu:4(IDX:0-3)",
+     "standard_output": "/home/alice/my dir/%j.out", "standard_error": "",
+     "current_working_directory": "/home/alice/my dir", "exit_code": 256},
+]})
+
+
+def test_show_job_comes_from_squeue_json_not_scontrol_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeRun({"squeue": (0, SQUEUE_JSON, ""), "scontrol": (0, SHOW_JOB + "\n", "")})
+    monkeypatch.setattr(ad.subprocess, "run", fake)
+    job = ad.SlurmCli(bindir="/usr/bin").show_job(42)
     assert job is not None
-    assert job["Command"] == "/home/alice/run me.sh"
-    assert job["WorkDir"] == "/home/alice/my dir"
-    assert job["GRES"] == "shard:12(IDX:3)"
+    assert job["GRES"] == "shard:12(IDX:3)" and job["AdminComment"] == "cl1.abc"
+    assert job["StdOut"] == "/home/alice/my dir/42.out" and job["ExitCode"] == "1:0"
     assert job["JobState"] == "RUNNING"
+    assert [c[0] for c in fake.calls] == ["/usr/bin/squeue"]
 
 
 def test_submit_parses_cluster_suffix(cli: tuple[ad.SlurmCli, FakeRun]) -> None:
@@ -75,10 +95,17 @@ def test_failures_carry_the_command_and_stderr(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_unknown_job_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        ad.subprocess, "run", FakeRun({"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified")})
-    )
+    monkeypatch.setattr(ad.subprocess, "run", FakeRun({"squeue": (0, SQUEUE_JSON, "")}))
     assert ad.SlurmCli(bindir="/usr/bin").show_job(99) is None
+
+
+def test_a_broken_squeue_answer_is_an_error_not_no_jobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reaper must never read 'could not ask' as 'every job is gone'."""
+    monkeypatch.setattr(ad.subprocess, "run", FakeRun({"squeue": (0, "<html>", "")}))
+    with pytest.raises(ad.SlurmError, match="not JSON"):
+        ad.SlurmCli(bindir="/usr/bin").jobs()
 
 
 def test_missing_tool_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:

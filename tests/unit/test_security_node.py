@@ -1,0 +1,339 @@
+"""Issue 11, node path: root acts only on slurmd's environment, JSON and root state.
+
+Each test names the attack it replays. The Slurm side is a fake adapter (subprocess
+replaced by recorded answers); the MPS side runs the simulation's stand-in daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.mps.control import PID_FILE, MpsDaemon, read_small_file
+from slurm_colloc.mps.tenancy import Tenancy, TenancyError
+from slurm_colloc.node import entry, epilog, prolog
+from slurm_colloc.node import job as jobmod
+from slurm_colloc.slurm import adapter as ad
+from slurm_colloc.slurm.squeue_json import expand_output_path, parse_jobs
+
+STANDIN = shutil.which("colloc-sim-mps-control") or str(
+    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
+)
+FORGED = "colloc1:mode=whole,need_mib=40960,shards=40,shard_mib=1024,alloc_mib=40960"
+REAL = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=2048"
+
+
+def squeue_job(**over: Any) -> dict[str, Any]:
+    job: dict[str, Any] = {
+        "job_id": 7, "user_id": 1001, "user_name": "alice", "name": "train",
+        "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres:shard:2",
+        "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "",
+        "gres_detail": ["shard:2(IDX:0)"], "admin_comment": REAL, "comment": "",
+        "standard_output": "/home/alice/%j.out", "standard_error": "",
+        "current_working_directory": "/home/alice", "batch_host": "n1", "exit_code": 0,
+    }
+    job.update(over)
+    return job
+
+
+def scontrol_text(comment: str, stdout: str) -> str:
+    """What ``scontrol -o show job`` printed for the attack (22.05 field order)."""
+    return (
+        "JobId=7 JobName=train UserId=alice(1001) GroupId=alice(1001) JobState=RUNNING "
+        "Restarts=0 TresPerNode=gres:shard:2 GRES=shard:2(IDX:0) "
+        f"AdminComment={REAL} Comment={comment} WorkDir=/home/alice StdErr={stdout} "
+        f"StdIn=/dev/null StdOut={stdout}\n"
+    )
+
+
+class FakeSlurm:
+    """subprocess.run stand-in answering squeue --json and scontrol, counting calls."""
+
+    def __init__(self, jobs: list[dict[str, Any]], scontrol: str = "") -> None:
+        self.squeue = json.dumps({"jobs": jobs})
+        self.scontrol = scontrol
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        self.calls.append(argv)
+        tool = argv[0].rsplit("/", 1)[-1]
+        if tool == "squeue":
+            return subprocess.CompletedProcess(argv, 0, self.squeue, "")
+        if tool == "scontrol" and "show" in argv:
+            return subprocess.CompletedProcess(argv, 0, self.scontrol, "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+ENV = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1001", "SLURM_JOB_GPUS": "0",
+       "SLURM_JOB_USER": "alice"}
+
+
+@pytest.mark.parametrize(
+    ("comment", "stdout"),
+    [
+        (f"x AdminComment={FORGED} GRES=shard:40(IDX:3) Restarts=0 TresPerNode=gres:shard:40",
+         "/home/alice/o"),
+        ("x", f"/home/alice/o AdminComment={FORGED} Restarts=0"),
+        ("x\nJobId=7 AdminComment=" + FORGED, "/home/alice/o"),
+    ],
+    ids=["comment", "output-path", "newline"],
+)
+def test_free_text_fields_cannot_forge_the_record_root_acts_on(
+    monkeypatch: pytest.MonkeyPatch, comment: str, stdout: str
+) -> None:
+    """Critical 1: --comment / -o text with Key= pairs made a 2-shard job 'whole'."""
+    fake = FakeSlurm([squeue_job(comment=comment, standard_output=stdout)],
+                     scontrol_text(comment, stdout))
+    monkeypatch.setattr(ad.subprocess, "run", fake)
+    ctx = jobmod.from_slurm(ENV, ad.SlurmCli(bindir="/usr/bin"))
+    assert ctx.admin_comment == REAL
+    assert ctx.is_shared and not ctx.whole_gpu
+    assert ctx.shards == 2 and ctx.gpus == (0,) and ctx.restarts == 0
+    assert not any("scontrol" in c[0] for c in fake.calls)
+
+
+def test_uid_disagreement_between_slurmd_and_controller_is_refused() -> None:
+    job = parse_jobs(json.dumps({"jobs": [squeue_job(user_id=0)]}))[7]
+    with pytest.raises(jobmod.JobInfoError, match="uid"):
+        jobmod.context_from_job(job, ENV)
+
+
+def test_gpu_disagreement_between_slurmd_and_allocation_is_refused() -> None:
+    """Root starts MPS only on the GPU both slurmd and the allocation name."""
+    job = parse_jobs(json.dumps({"jobs": [squeue_job(gres_detail=["shard:2(IDX:3)"])]}))[7]
+    with pytest.raises(jobmod.JobInfoError, match="not acting"):
+        jobmod.context_from_job(job, ENV)
+
+
+def test_gpus_per_task_or_mixed_requests_are_never_shared() -> None:
+    """M4 (node side): a --gpus-per-task or gpu+shard job is not an MPS tenant."""
+    for over in ({"tres_per_task": "gres:gpu:1"}, {"tres_per_node": "gres:gpu:1,gres:shard:2"},
+                 {"tres_per_job": "gres:shard:4"}):
+        job = parse_jobs(json.dumps({"jobs": [squeue_job(**over)]}))[7]
+        assert not jobmod.context_from_job(job, ENV).is_shared, over
+
+
+def test_huge_numbers_in_json_fields_do_not_crash_the_parser() -> None:
+    job = squeue_job(tres_per_node="gres:shard:" + "9" * 5000, restart_cnt="x",
+                     gres_detail=["shard:1(IDX:0-99999999)"])
+    parsed = parse_jobs(json.dumps({"jobs": [job, {"job_id": "x"}, 5]}))
+    assert list(parsed) == [7]
+    with pytest.raises(jobmod.JobInfoError, match="allocation unreadable"):
+        jobmod.context_from_job(parsed[7], ENV)
+    ok = parse_jobs(json.dumps({"jobs": [{**job, "gres_detail": []}]}))[7]
+    ctx = jobmod.context_from_job(ok, ENV)
+    assert ctx.shards == 0 and ctx.restarts == 0 and not ctx.is_shared
+
+
+def test_output_patterns_are_expanded_like_slurmd() -> None:
+    job = squeue_job(job_id=12, name="bert", array_job_id=10, array_task_id=2)
+    assert expand_output_path("out-%j-%x-%u-%A_%a-%%-%4j.log", job, "") == (
+        "/home/alice/out-12-bert-alice-10_2-%-0012.log")
+    assert expand_output_path("", job, "slurm-%j.out") == "/home/alice/slurm-12.out"
+    assert expand_output_path("rel/%j", job, "") == "/home/alice/rel/12"
+    assert expand_output_path("/a\\%j", job, "") == "/a%j"
+
+
+# --- MPS ownership ----------------------------------------------------------------
+
+def _daemon(tmp_path: Path) -> tuple[Tenancy, MpsDaemon]:
+    if not os.path.exists(STANDIN):
+        pytest.fail(f"MPS stand-in not installed at {STANDIN}; run make venv")
+    t = Tenancy(tmp_path / "mps")
+    pipe, logdir = t.prepare_user_dirs(0, os.getuid())
+    return t, MpsDaemon(STANDIN, 0, pipe, logdir, t.daemon_state(0, os.getuid()))
+
+
+def test_a_forged_pid_file_never_makes_root_signal_another_process(tmp_path: Path) -> None:
+    """Critical 2: the job rewrote nvidia-cuda-mps-control.pid; root killed that pid."""
+    _, d = _daemon(tmp_path)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    d.start()
+    real = d.pid()
+    try:
+        assert real is not None
+        (d.pipe_dir / "control").unlink()
+        (d.pipe_dir / PID_FILE).unlink()
+        (d.pipe_dir / PID_FILE).write_text(f"{victim.pid}\n")
+        assert d.pid() == real  # root state, not the user's file
+        d.stop()
+        time.sleep(0.2)
+        assert victim.poll() is None, "root signalled the victim's process"
+        assert d.pid() is None and not _alive(real), "our daemon was left running"
+    finally:
+        victim.kill()
+        d.stop()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "dev-zero", "huge"])
+def test_pid_file_tricks_neither_hang_nor_exhaust_root(tmp_path: Path, plant: str) -> None:
+    """Critical 2 variants: a FIFO hung the epilog under the GPU lock; /dev/zero -> MemoryError."""
+    path = tmp_path / "pidfile"
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_text("1" * 100000)
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        read_small_file(path, owner=None)
+    assert time.monotonic() - t0 < 1
+
+
+def test_a_deleted_socket_replaces_the_daemon_instead_of_orphaning_it(tmp_path: Path) -> None:
+    """Orphaned root MPS daemons piled up when a job removed the socket and pid file."""
+    _, d = _daemon(tmp_path)
+    d.start()
+    first = d.pid()
+    try:
+        (d.pipe_dir / "control").unlink()
+        (d.pipe_dir / PID_FILE).unlink()
+        assert not d.running()
+        d.start()
+        assert d.running() and d.pid() != first
+        assert first is not None and not _alive(first)
+    finally:
+        d.stop()
+
+
+def test_stop_verifies_identity_so_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    _, d = _daemon(tmp_path)
+    d.start()
+    ident = d.identity()
+    assert ident is not None
+    d.stop()
+    # same pid number recorded, another process: start ticks differ -> no match
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        forged = type(ident)(other.pid, ident.start_ticks, ident.binary, ident.pipe_dir)
+        assert not forged.matches() and not forged.signal(signal.SIGTERM)
+        assert other.poll() is None
+    finally:
+        other.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return st.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+# --- state files, lock, reaping -----------------------------------------------------
+
+def test_state_modes_do_not_depend_on_the_umask(tmp_path: Path) -> None:
+    """Low: under umask 077 the TaskProlog (the user) could not read its env file."""
+    old = os.umask(0o077)
+    try:
+        t = Tenancy(tmp_path / "deep" / "mps")
+        t.write_job_env(5, {"COLLOC_LIMIT_MIB": "2048"}, gid=1234)
+        t.prepare_user_dirs(0, 4242)
+    finally:
+        os.umask(old)
+    st = t.job_env_file(5).stat()
+    assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == 1234
+    assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o755
+    assert stat.S_IMODE(t.root.stat().st_mode) == 0o755
+    assert stat.S_IMODE(t.log_dir(0, 4242).stat().st_mode) == 0o750  # not world-readable
+
+
+def test_the_gpu_lock_has_a_deadline(tmp_path: Path) -> None:
+    """M3: a stuck holder must not block every later prolog/epilog on the GPU."""
+    t = Tenancy(tmp_path / "mps")
+    with t.locked(0):
+        holder = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys; from pathlib import Path; from slurm_colloc.mps.tenancy import Tenancy;"
+             "t=Tenancy(Path(sys.argv[1]));\n"
+             "try:\n with t.locked(0, timeout=0.5): print('got')\n"
+             "except Exception as e: print(type(e).__name__)",
+             str(t.root)], stdout=subprocess.PIPE, text=True)
+        out, _ = holder.communicate(timeout=20)
+    assert out.strip() == TenancyError.__name__
+
+
+def _cfg(tmp_path: Path) -> CollocConfig:
+    return CollocConfig(mps_root=str(tmp_path / "mps"), mps_control=STANDIN,
+                        metrics_dir=str(tmp_path / "metrics"), gpu_backend="sim")
+
+
+def test_one_missing_snapshot_entry_does_not_reap_a_running_job(tmp_path: Path) -> None:
+    """Low: reaping by absence from one squeue snapshot tore down live daemons."""
+    cfg = _cfg(tmp_path)
+    t = Tenancy(Path(cfg.mps_root))
+    t.add_job(0, 1001, 5)
+    assert prolog.reap_stale(cfg, t, 0, {}, now=1000.0) == []
+    assert prolog.reap_stale(cfg, t, 0, None, now=5000.0) == []  # could not ask: keep
+    assert prolog.reap_stale(cfg, t, 0, {}, now=1000.0 + prolog.ABSENT_GRACE_S) == [5]
+
+
+def test_epilog_releases_mps_before_and_without_any_controller_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M3: with slurmctld down the epilog still frees the GPU; with the prolog's saved
+    context it makes no controller call at all."""
+    cfg = _cfg(tmp_path)
+    t = Tenancy(Path(cfg.mps_root))
+    t.add_job(0, 1001, 7)
+    job = parse_jobs(json.dumps({"jobs": [squeue_job()]}))[7]
+    ctx = jobmod.context_from_job(job, ENV)
+    t.write_job_context(7, jobmod.context_to_json(ctx))
+    calls: list[list[str]] = []
+
+    def down(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        raise subprocess.TimeoutExpired(argv, 20)
+
+    monkeypatch.setattr(ad.subprocess, "run", down)
+    monkeypatch.setenv("COLLOC_CONF", str(_write_conf(tmp_path, cfg)))
+    assert entry.epilog_main({**ENV, "SLURM_JOB_EXIT_CODE2": "0:0"}) == 0
+    assert t.jobs_of(0, 1001) == [] and calls == []
+    assert not t.job_context_file(7).exists()
+
+
+def test_prolog_makes_one_controller_call_and_none_for_cpu_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M3 target: at most one controller call per job from our node scripts."""
+    cfg = _cfg(tmp_path)
+    fake = FakeSlurm([squeue_job(tres_per_node="gres:gpu:1", gres_detail=["gpu:1(IDX:0)"],
+                                 admin_comment="")])
+    monkeypatch.setattr(ad.subprocess, "run", fake)
+    monkeypatch.setenv("COLLOC_CONF", str(_write_conf(tmp_path, cfg)))
+    monkeypatch.setattr(prolog, "start_metrics", lambda ctx, cfg: None)
+    assert entry.prolog_main(ENV) == 0
+    assert len(fake.calls) == 1
+    assert entry.epilog_main({**ENV, "SLURM_JOB_EXIT_CODE2": "0:0"}) == 0
+    assert len(fake.calls) == 1
+    cpu_env = {k: v for k, v in ENV.items() if k != "SLURM_JOB_GPUS"}
+    assert entry.prolog_main(cpu_env) == 0 and entry.epilog_main(cpu_env) == 0
+    assert len(fake.calls) == 1
+
+
+def _write_conf(tmp_path: Path, cfg: CollocConfig) -> Path:
+    p = tmp_path / "colloc.conf"
+    p.write_text(
+        f'mps_root = "{cfg.mps_root}"\nmps_control = "{cfg.mps_control}"\n'
+        f'metrics_dir = "{cfg.metrics_dir}"\ngpu_backend = "sim"\n'
+        f'log_file = "{tmp_path / "node.log"}"\n'
+        f'evidence_dir = "{tmp_path / "evidence"}"\nhistory_db = "{tmp_path / "h.db"}"\n'
+    )
+    return p
+
+
+def test_epilog_run_signature_keeps_release_first(tmp_path: Path) -> None:
+    res = epilog.release_first(99, _cfg(tmp_path))
+    assert res.released == [] and res.errors == []
