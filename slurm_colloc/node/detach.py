@@ -5,17 +5,37 @@ collector, the accounting writer that waits for the job to leave COMPLETING). A 
 fork with a new session takes the helper out of slurmd's process group, so slurmd
 neither waits for it nor kills it with the script. No shell: a fixed module path and
 an argv array; stdio on /dev/null, other descriptors closed, cwd /.
+
+The helper runs as root, so its interpreter must import colloc's code and nothing
+else (issue 11, M1): ``python -I`` (isolated mode: no script/cwd directory on
+``sys.path``, PYTHON* variables and the user site directory ignored), cwd ``/``, and an
+environment scrubbed of ``PYTHON*`` and ``LD_*`` variables, so a module or library in a
+directory a user can write cannot be loaded as root.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+_UNSAFE_ENV_PREFIXES = ("PYTHON", "LD_")
 
 
-def spawn_module(module: str, args: Sequence[str], env: dict[str, str]) -> None:
-    """Run ``python -m module *args`` detached; returns once the helper is started."""
+def scrub_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without variables that steer the interpreter or the dynamic loader."""
+    return {k: v for k, v in env.items() if not k.upper().startswith(_UNSAFE_ENV_PREFIXES)}
+
+
+def child_argv(module: str, args: Sequence[str]) -> list[str]:
+    """The helper's command line: this interpreter, isolated, running ``module``."""
+    return [sys.executable, "-I", "-m", module, *args]
+
+
+def spawn_module(module: str, args: Sequence[str], env: Mapping[str, str]) -> None:
+    """Run ``python -I -m module *args`` detached; returns once the helper is started."""
+    argv = child_argv(module, args)
+    child_env = scrub_env(env)
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
@@ -29,8 +49,6 @@ def spawn_module(module: str, args: Sequence[str], env: dict[str, str]) -> None:
             os.dup2(devnull, fd)
         os.closerange(3, 1024)
         os.chdir("/")
-        os.execve(  # noqa: S606 - argv array, no shell; fixed module path
-            sys.executable, [sys.executable, "-m", module, *args], env
-        )
+        os.execve(argv[0], argv, child_env)  # noqa: S606 - argv array, no shell; fixed module
     finally:
         os._exit(0)

@@ -144,19 +144,30 @@ def run(
         result = release_first(ctx.job_id, cfg)
     if not ctx.gpus:
         return result
-    _scan_and_decide(ctx, cfg, result)
+    try:
+        _scan_and_decide(ctx, cfg, result)
+    except Exception as e:  # noqa: BLE001 - never let the scan take the epilog down
+        result.errors.append(f"log scan or requeue decision failed: {e}")
+        log.error("log scan or requeue decision failed: %s", e)
     try:
         metrics, co_tenants = _metrics(ctx, cfg)
     except Exception as e:  # noqa: BLE001 - metrics are optional for the record
         result.errors.append(f"metrics summary failed: {e}")
         metrics, co_tenants = None, ()
     _record_history(ctx, cfg, metrics, result)
-    text = _record_text(ctx, cfg, result, metrics, co_tenants)
+    text: str | None = None
+    try:
+        text = _record_text(ctx, cfg, result, metrics, co_tenants)
+    except Exception as e:  # noqa: BLE001 - the record never cancels a requeue (issue 11, M2)
+        result.errors.append(f"accounting record not built: {e}")
+        log.error("accounting record not built: %s", e)
     if result.decision is not None and result.decision.requeue:
         try:
-            requeue(ctx, adapter, result.decision.new_shards, admin_comment=text)
+            comment_error = requeue(ctx, adapter, result.decision.new_shards, admin_comment=text)
             result.requeued = True
-        except SlurmError as e:
+            if comment_error:
+                result.errors.append(comment_error)
+        except (SlurmError, ValueError) as e:
             result.errors.append(f"requeue failed: {e}")
             log.error("requeue failed: %s", e)
     if not result.requeued and text is not None:
@@ -164,33 +175,87 @@ def run(
     return result
 
 
+def _user_gid(uid: int) -> int | None:
+    """The job user's primary gid (None for a uid this node does not know)."""
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return None
+
+
+def placed_by_colloc(ctx: JobContext) -> bool:
+    """Whether colloc placed the job (a shard request, no gres/gpu): see requeue_policy."""
+    return requeue_policy.colloc_placed(
+        shards=ctx.shards, gpu_count=ctx.gpu_count,
+        foreign_shards=getattr(ctx, "foreign_shards", 0),
+    )
+
+
+def _shards_per_gpu_or_fallback(
+    ctx: JobContext, cfg: CollocConfig, result: EpilogResult
+) -> int | None:
+    """The job's GPU in shards: the GPU backend, else what was recorded (issue 11, M2).
+
+    An NVML error must not cancel a requeue. Fallbacks, in order: the ``colloc1``
+    record of a ``mode=whole`` job (its shards are all of one GPU's, ``alloc_mib`` /
+    ``shard_mib``), then the site's ``gpu_memory_mib`` / ``shard_mib``. None when
+    nothing is known.
+    """
+    from slurm_colloc.site.record import parse_record
+
+    try:
+        return shards_per_gpu(cfg, ctx.gpu)
+    except Exception as e:  # noqa: BLE001 - NVML/sim failures fall back below
+        result.errors.append(f"shards per GPU from the {cfg.gpu_backend} backend failed: {e}")
+    rec = parse_record(ctx.admin_comment)
+    if rec is not None and rec.mode == "whole":
+        if rec.shard_mib > 0 and rec.alloc_mib >= rec.shard_mib:
+            return rec.alloc_mib // rec.shard_mib
+        if rec.shards > 0:
+            return rec.shards
+    if cfg.gpu_memory_mib > 0 and cfg.shard_mib > 0 and cfg.gpu_memory_mib >= cfg.shard_mib:
+        return cfg.gpu_memory_mib // cfg.shard_mib
+    result.errors.append("shards per GPU unknown: the job is treated as having a whole GPU")
+    return None
+
+
 def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> None:
-    """Look for GPU OOM in a failed job's logs; keep evidence; decide the requeue."""
+    """Look for GPU OOM in a failed job's logs; keep evidence; decide the requeue.
+
+    The logs are read with the user's uid, primary gid and groups. Only logs the scan
+    could read are kept as evidence (issue 11, M1). A job colloc did not place (a
+    user's own gres/gpu request) is never requeued (M5); its attempt may be recorded.
+    """
     from slurm_colloc.oom.detector import scan_files
 
     if ctx.exit_code in ("", "0:0") or not (ctx.stdout or ctx.stderr):
         return
     logs = [p for p in (ctx.stdout, ctx.stderr) if p]
-    scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20, uid=ctx.uid)
+    gid = _user_gid(ctx.uid)
+    scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20, uid=ctx.uid, gid=gid)
     result.cause = scan.cause
     result.pattern = scan.pattern_id
     result.evidence_line = scan.evidence.line if scan.evidence else None
     if scan.cause == "none":
         return
-    try:
-        pw = pwd.getpwuid(ctx.uid)
-        result.evidence_files = evidence.keep(
-            cfg.evidence_dir, ctx.job_id, ctx.restarts, ctx.uid, pw.pw_gid, logs,
-            cfg.log_scan_tail_mib << 20,
-        )
-    except Exception as e:  # noqa: BLE001 - evidence is best effort; the requeue is not
-        result.errors.append(f"evidence not kept: {e}")
-    spg = shards_per_gpu(cfg, ctx.gpu)
+    readable = [r.path for r in scan.results if r.status == "ok"]
+    if readable and gid is not None:
+        try:
+            errors: list[str] = []
+            result.evidence_files = evidence.keep(
+                cfg.evidence_dir, ctx.job_id, ctx.restarts, ctx.uid, gid, readable,
+                cfg.log_scan_tail_mib << 20, errors=errors,
+            )
+            result.errors.extend(errors)
+        except Exception as e:  # noqa: BLE001 - evidence is best effort; the requeue is not
+            result.errors.append(f"evidence not kept: {e}")
+    placed = placed_by_colloc(ctx)
+    spg = _shards_per_gpu_or_fallback(ctx, cfg, result) if placed else None
     result.shards_per_gpu = spg
-    shards = ctx.shards if ctx.is_shared else spg
+    shards = ctx.shards if ctx.is_shared or not placed else (spg or ctx.shards)
     result.decision = requeue_policy.decide(
-        cause=scan.cause, shards=shards, shards_per_gpu=spg, restarts=ctx.restarts,
-        estimate_mib=estimate_of(ctx), cfg=cfg,
+        cause=scan.cause, shards=shards, shards_per_gpu=spg if spg else max(shards, 1),
+        restarts=ctx.restarts, estimate_mib=estimate_of(ctx), cfg=cfg, colloc_placed=placed,
     )
 
 
@@ -198,7 +263,11 @@ def _record_text(
     ctx: JobContext, cfg: CollocConfig, result: EpilogResult, metrics: Any,
     co_tenants: tuple[str, ...],
 ) -> str | None:
-    """This attempt appended to the job's AdminComment (None for non-colloc jobs)."""
+    """This attempt appended to the job's AdminComment (None for non-colloc jobs).
+
+    May raise (the codec's RecordTooLargeError when other tools' text fills the
+    field): the caller records the error and requeues regardless.
+    """
     from slurm_colloc.accounting.codec import append_attempt
     from slurm_colloc.node.attempt_record import build_attempt
     from slurm_colloc.site.record import parse_record
@@ -236,7 +305,7 @@ def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogR
 
 def requeue(
     ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None
-) -> None:
+) -> str | None:
     """Hold-requeue, raise the shard request, release.
 
     Holding first closes the race in which the scheduler starts the job again with
@@ -244,13 +313,28 @@ def requeue(
     credential lifetime (AuthInfo cred_expire, 120 s by default): that delay is what
     makes slurmd run the Prolog again for the same job id on the same node, so it is
     not bypassed (the devcluster shortens cred_expire instead; docs/node.md).
+
+    Only jobs colloc placed (:func:`placed_by_colloc`) are requeued: a user's gres/gpu
+    job raises ValueError before Slurm is asked anything (issue 11, M5). A refused
+    AdminComment update does not undo the requeue: its message is returned instead.
     """
+    if not placed_by_colloc(ctx):
+        raise ValueError(
+            f"job {ctx.job_id} was not placed by colloc (gres/gpu request): not requeued"
+        )
+    if new_shards <= 0:
+        raise ValueError(f"job {ctx.job_id}: refusing a request of {new_shards} shards")
     adapter.requeue(ctx.job_id, hold=True)
+    comment_error = None
     try:
         if new_shards != ctx.shards or not ctx.is_shared:
             adapter.update_job(ctx.job_id, TresPerNode=f"gres:shard:{new_shards}")
         if admin_comment:
             # allowed now: the job is pending again, not finished
-            adapter.update_job(ctx.job_id, AdminComment=admin_comment)
+            try:
+                adapter.update_job(ctx.job_id, AdminComment=admin_comment)
+            except SlurmError as e:
+                comment_error = f"AdminComment not updated after the requeue: {e}"
     finally:
         adapter.release(ctx.job_id)
+    return comment_error

@@ -2,21 +2,54 @@
 
 A requeued batch job writes its output file again from the start (slurm-facts.md),
 so the OOM message of the first attempt would be lost. The epilog copies the tail of
-each log into ``evidence_dir/<jobid>/attempt<k>/``. The copy runs as the job's user
-(a child process with the user's uid/gid and no supplementary groups), so root never
-opens a path the user controls: a symlink to /etc/shadow planted as the job's output
-file yields a permission error, not a leak. The attempt directory belongs to the
-user (0700), so the evidence stays readable by them and nobody else.
+each log into ``evidence_dir/<jobid>/attempt<k>/``.
+
+The rules (issue 11, M1), for code that runs as root on a path the user chose:
+
+* **Opened as the user, by the scan's rules.** Each log is opened with
+  :func:`slurm_colloc.oom.safe_open.open_log`: the walk and the open run with the
+  user's uid, primary gid and groups; no user-made symlink is followed (``O_NOFOLLOW``
+  on the file, root-owned links only on the way); it must be a regular file owned by
+  the user *before* it is opened (``O_NONBLOCK``), so a FIFO, ``/dev/zero`` or another
+  device is refused without blocking and without reading a byte. The epilog only hands
+  over logs the scan could read.
+* **Bounded by root.** Root reads at most ``max_bytes`` (the tail) from that
+  descriptor, whatever the file's size says or however it grows, and writes the copy
+  itself. The user's process never writes into the evidence tree.
+* **Private, and not the user's to fill.** The attempt directory belongs to root
+  (``0750``, group = the user's primary group) so the user cannot add to root's disk
+  use; each copy belongs to the user, mode ``0600``: readable by them and nobody else.
+* **Pruned.** Each :func:`keep` deletes evidence older than :data:`RETENTION_S` and
+  then the user's oldest attempts beyond :data:`MAX_BYTES_PER_USER`. Pruning never
+  follows a symlink (``lstat`` only; ``shutil.rmtree`` is fd-based on Linux), so the
+  user-owned attempt directories of older releases are safe to clean too.
+
+``config.py`` has no evidence retention keys yet; the two limits are module constants.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
-import sys
+import re
+import shutil
+import stat
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_colloc.mps.tenancy import ensure_root_dir
+from slurm_colloc.oom.safe_open import RefusedPath, open_log
+
+RETENTION_S = 14 * 86400
+"""Evidence older than this (by the attempt directory's mtime) is deleted."""
+MAX_BYTES_PER_USER = 1 << 30
+"""Total evidence one user may hold on a node; their oldest attempts go first."""
+MAX_ENTRIES_PER_ATTEMPT = 256
+"""Pruning looks at this many entries of an attempt directory (old layouts were the
+user's to fill)."""
+_CHUNK = 1 << 20
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def attempt_dir(evidence_dir: str, job_id: int, attempt: int) -> Path:
@@ -24,51 +57,180 @@ def attempt_dir(evidence_dir: str, job_id: int, attempt: int) -> Path:
     return Path(evidence_dir) / str(job_id) / f"attempt{attempt}"
 
 
-def keep(
-    evidence_dir: str, job_id: int, attempt: int, uid: int, gid: int,
-    sources: list[str], max_bytes: int,
-) -> list[str]:
-    """Copy the tail of each source log into the attempt directory as the user.
+def _target_name(index: int, src: str) -> str:
+    name = _SAFE_NAME.sub("_", Path(src).name)[:100] or "log"
+    return f"{index}-{name}"
 
-    Returns the paths written. Raises OSError/CalledProcessError on failure; the
-    epilog logs that and carries on (the requeue does not depend on evidence).
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def copy_tail_fd(src_fd: int, out_fd: int, max_bytes: int, *, size: int | None = None) -> int:
+    """Copy the last ``max_bytes`` of ``src_fd`` to ``out_fd``; return the bytes copied.
+
+    ``size`` is the source's size (``fstat`` when None). At most ``max_bytes`` are read,
+    even when the file is longer than its size said (it grows, or a /proc-style file).
     """
-    job_dir = ensure_root_dir(Path(evidence_dir) / str(job_id))
-    dest = job_dir / f"attempt{attempt}"
-    if dest.exists() or dest.is_symlink():
-        raise FileExistsError(f"{dest} already exists; not overwriting earlier evidence")
-    os.mkdir(dest, 0o700)
-    os.chown(dest, uid, gid, follow_symlinks=False)
-    written = []
-    for i, src in enumerate(dict.fromkeys(sources)):
-        target = dest / f"{i}-{Path(src).name}"
-        subprocess.run(
-            [sys.executable, "-m", "slurm_colloc.node.evidence", src, str(target), str(max_bytes)],
-            user=uid, group=gid, extra_groups=[], check=True, timeout=120,
-            capture_output=True, env={"PATH": "/usr/bin:/bin"},
-        )
-        written.append(str(target))
-    return written
+    if size is None:
+        size = os.fstat(src_fd).st_size
+    start = max(0, size - max_bytes)
+    if start:
+        _write_all(out_fd, f"[colloc: first {start} bytes omitted]\n".encode())
+    pos, left = start, max(0, max_bytes)
+    while left > 0:
+        chunk = os.pread(src_fd, min(_CHUNK, left), pos)
+        if not chunk:
+            break
+        _write_all(out_fd, chunk)
+        pos += len(chunk)
+        left -= len(chunk)
+    return pos - start
 
 
-def copy_tail(src: str, dst: str, max_bytes: int) -> None:
-    """Copy the last ``max_bytes`` of ``src`` to a new file ``dst`` (runs as the user)."""
-    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK)
+def _copy_one(src: str, target: Path, uid: int, gid: int, max_bytes: int) -> None:
+    fd = open_log(src, uid=uid, gid=gid)  # as the user; regular file of theirs only
     try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - max_bytes)
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        out = os.open(
+            target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
-            if start:
-                os.write(out, f"[colloc: first {start} bytes omitted]\n".encode())
-            os.lseek(fd, start, os.SEEK_SET)
-            while chunk := os.read(fd, 1 << 20):
-                os.write(out, chunk)
+            os.fchown(out, uid, gid)
+            copy_tail_fd(fd, out, max_bytes)
         finally:
             os.close(out)
     finally:
         os.close(fd)
 
 
-if __name__ == "__main__":
-    copy_tail(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+def keep(
+    evidence_dir: str, job_id: int, attempt: int, uid: int, gid: int,
+    sources: list[str], max_bytes: int, *, errors: list[str] | None = None,
+) -> list[str]:
+    """Copy the tail of each source log into the attempt directory; prune old evidence.
+
+    Returns the paths written. A source that is refused or unreadable is skipped and
+    its reason appended to ``errors`` (when given). Raises OSError if the attempt
+    directory cannot be made; the epilog logs that and carries on (the requeue does
+    not depend on evidence).
+    """
+    job_dir = ensure_root_dir(Path(evidence_dir) / str(job_id))
+    dest = job_dir / f"attempt{attempt}"
+    if dest.exists() or dest.is_symlink():
+        raise FileExistsError(f"{dest} already exists; not overwriting earlier evidence")
+    os.mkdir(dest, 0o700)
+    os.chown(dest, 0, gid, follow_symlinks=False)
+    # the user (primary group) may list and read; only root writes
+    os.chmod(dest, 0o750, follow_symlinks=False)  # noqa: S103
+    written = []
+    for i, src in enumerate(dict.fromkeys(sources)):
+        target = dest / _target_name(i, src)
+        try:
+            _copy_one(src, target, uid, gid, max_bytes)
+        except (RefusedPath, OSError) as e:
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+            if errors is not None:
+                errors.append(f"{src}: not kept: {e}")
+            continue
+        written.append(str(target))
+    if not written:
+        with contextlib.suppress(OSError):
+            os.rmdir(dest)
+    try:
+        prune(evidence_dir, uid=uid, keep=dest)
+    except OSError as e:
+        if errors is not None:
+            errors.append(f"evidence not pruned: {e}")
+    return written
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    path: Path
+    mtime: float
+    uid: int
+    size: int
+
+
+def _scan_attempt(path: Path) -> _Attempt | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    owner, size = (st.st_uid if st.st_uid != 0 else None), 0
+    try:
+        with os.scandir(path) as it:
+            for n, entry in enumerate(it):
+                if n >= MAX_ENTRIES_PER_ATTEMPT:
+                    break
+                try:
+                    est = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(est.st_mode):
+                    size += est.st_blocks * 512 if est.st_blocks else est.st_size
+                    if owner is None:
+                        owner = est.st_uid
+    except OSError:
+        pass
+    return _Attempt(path, st.st_mtime, owner if owner is not None else 0, size)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)  # fd-based on Linux: never follows a symlink inside
+    with contextlib.suppress(OSError):
+        os.rmdir(path.parent)  # the job directory, once empty
+
+
+def prune(
+    evidence_dir: str, *, uid: int, now: float | None = None,
+    max_age_s: float = RETENTION_S, max_bytes_per_user: int = MAX_BYTES_PER_USER,
+    keep: Path | None = None,
+) -> list[str]:
+    """Delete evidence older than ``max_age_s``, then ``uid``'s oldest attempts until
+    their total fits ``max_bytes_per_user``. ``keep`` (the attempt just written) is
+    never deleted. Returns the attempt directories removed."""
+    now = time.time() if now is None else now
+    root = Path(evidence_dir)
+    attempts: list[_Attempt] = []
+    try:
+        with os.scandir(root) as jobs:
+            for job in jobs:
+                if not job.is_dir(follow_symlinks=False):
+                    continue
+                with contextlib.suppress(OSError), os.scandir(job.path) as it:
+                    for entry in it:
+                        if entry.name.startswith("attempt") and entry.is_dir(
+                            follow_symlinks=False
+                        ):
+                            info = _scan_attempt(Path(entry.path))
+                            if info is not None:
+                                attempts.append(info)
+    except FileNotFoundError:
+        return []
+    removed: list[str] = []
+    kept: list[_Attempt] = []
+    for a in attempts:
+        if a.path != keep and now - a.mtime > max_age_s:
+            _remove(a.path)
+            removed.append(str(a.path))
+        else:
+            kept.append(a)
+    mine = sorted((a for a in kept if a.uid == uid), key=lambda a: a.mtime)
+    total = sum(a.size for a in mine)
+    for a in mine:
+        if total <= max_bytes_per_user:
+            break
+        if a.path == keep:
+            continue
+        _remove(a.path)
+        removed.append(str(a.path))
+        total -= a.size
+    return removed
