@@ -23,6 +23,7 @@ ENV_VAR = "COLLOC_CONF"
 GpuBackendName = Literal["nvml", "sim"]
 StepUpPolicy = Literal["whole-gpu", "step"]
 MultiUserPolicy = Literal["one-user-per-gpu", "multi-user-mps"]
+EnforceAction = Literal["kill", "flag", "off"]
 
 
 class ConfigError(ValueError):
@@ -101,6 +102,27 @@ class CollocConfig:
     collector_idle_exit_s: float = 600.0
     """The node collector exits after this long without any GPU job on the node
     (the next prolog starts it again)."""
+
+    # --- Memory cap enforcement by the collector (see docs/node.md) ------------------------
+    enforce_over_limit: EnforceAction = "kill"
+    """What the node collector (root) does to a shard job whose GPU memory on a GPU
+    exceeds its allocation (shards x shard_mib) by more than ``enforce_tolerance_mib``
+    for ``enforce_samples`` samples in a row: ``kill`` (SIGKILL its GPU processes,
+    identity checked), ``flag`` (only record a verdict), ``off``. A verdict is recorded
+    under ``metrics_dir/verdicts`` unless ``off``; the epilog uses it to blame an OOM
+    on the co-tenant at fault instead of the victims."""
+    enforce_outside_mps: EnforceAction = "flag"
+    """What the collector does to a shard job with a GPU process that is not an MPS
+    client (it bypassed MPS, so the pinned memory limit does not bind it): ``flag``
+    records a verdict (its memory is still held to the allocation by
+    ``enforce_over_limit``); ``kill`` also kills it; ``off`` ignores it."""
+    enforce_tolerance_mib: int = 512
+    """Slack above a job's allocation before it counts as over its limit: NVML's
+    per-process figure includes the CUDA context, which MPS's pinned limit does not
+    count."""
+    enforce_samples: int = 2
+    """Consecutive samples a job must be over its limit (or outside MPS) before the
+    collector acts: detection takes this many ``sample_interval_s``."""
 
     # --- Logging ---------------------------------------------------------------------
     log_file: str = "/var/log/slurm/colloc.log"

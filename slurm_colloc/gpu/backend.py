@@ -32,6 +32,10 @@ class GpuProcess:
 
     pid: int
     used_mib: int
+    mps_client: bool | None = None
+    """True: the process reaches the GPU through an MPS server (a client of it);
+    False: it holds a CUDA context of its own, outside MPS; None: the backend cannot
+    tell (NVML without ``nvmlDeviceGetMPSComputeRunningProcesses``)."""
 
 
 @dataclass(frozen=True)
@@ -74,3 +78,46 @@ class GpuBackend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release driver handles."""
+
+    # --- optional capabilities (safe defaults: "not supported") -------------------
+
+    def hard_memory_limit_supported(self, index: int) -> HardLimitSupport:
+        """Can a hard GPU memory limit be put on a cgroup for GPU ``index``?
+
+        NVIDIA driver r615+ (CUDA 13.4, MPS v3 memory partitioning) enforces a hard
+        per-cgroup limit (cgroup v2 ``dmem.max`` or the driver's fallback), which holds
+        even for a process that never talks to MPS. The default answer is "no".
+        """
+        return HardLimitSupport(False, f"the {self.name} backend has no hard memory limits")
+
+    def set_job_memory_limit(
+        self, index: int, cgroup_path: str, hard_mib: int, soft_mib: int = 0
+    ) -> LimitResult:
+        """Put a hard (and optional soft) memory limit for GPU ``index`` on a cgroup.
+
+        ``cgroup_path`` is the full sysfs path of the job's cgroup v2 directory
+        (``/sys/fs/cgroup/.../job_<id>``). Never raises for "not supported": the
+        result says whether the limit is in force, and why not.
+        """
+        return LimitResult(False, "unsupported", f"the {self.name} backend cannot set limits")
+
+
+@dataclass(frozen=True)
+class HardLimitSupport:
+    """Answer of :meth:`GpuBackend.hard_memory_limit_supported`."""
+
+    supported: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class LimitResult:
+    """Outcome of :meth:`GpuBackend.set_job_memory_limit`.
+
+    ``status``: ``set`` (in force), ``unsupported`` (driver/NVML/GPU cannot; use the
+    MPS + collector fallback), ``denied`` (not root), ``error`` (anything else).
+    """
+
+    applied: bool
+    status: str
+    detail: str

@@ -9,22 +9,56 @@ A reading the GPU does not support (``NVML_ERROR_NOT_SUPPORTED``) becomes ``None
 so reports say "not measured"; a lost GPU or a dead driver is a
 :class:`GpuBackendError`. SM activity / occupancy / DRAM activity need DCGM
 profiling fields: pass a :class:`~slurm_colloc.gpu.dcgm.DcgmProfiler` to add them.
+
+MPS clients. NVML documents ``nvmlDeviceGetComputeRunningProcesses`` as "processes
+with a compute context on a device" and ``nvmlDeviceGetMPSComputeRunningProcesses``
+(``_v3`` in nvidia-ml-py 13) as "processes with a Multi-Process Service (MPS) compute
+context"; the MPS docs add that client activity is accounted to the MPS server by
+monitoring tools. Whether the first list also repeats MPS clients is not documented,
+so a sample is the union of both lists by pid (the larger memory figure kept), and a
+process is an MPS client exactly when the MPS list names it
+(:attr:`GpuProcess.mps_client`). Where the MPS list cannot be read (NOT_SUPPORTED,
+or a library without the symbol) ``mps_client`` is ``None``: unknown, never guessed.
+
+Hard per-cgroup limits (driver r615+, CUDA 13.4, MPS v3 memory partitioning):
+``nvmlDeviceSetMemoryLimits_v1(device, nvmlSetMemoryLimits_v1_t)`` with ``nameSpace``
+= full sysfs path of the cgroup, ``softLimit``/``hardLimit`` in bytes (NVIDIA's NVML
+reference); root only, not for MIG handles; "no limit" is soft 0 and hard
+``NVML_DEVICE_MEMORY_LIMIT_MAX``; removing the cgroup clears it. The hard limit is
+enforced at allocation (``dmem.max`` of the kernel's dmem controller, Linux 6.14+, or
+the driver's fallback), for MPS clients and non-MPS processes alike. Used only when
+the installed nvidia-ml-py has the function (13.615+) and the driver answers the
+probe; anything else is reported as "unsupported", never raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuInfo, GpuProcess, GpuSample
+from slurm_colloc.gpu.backend import (
+    GpuBackend,
+    GpuBackendError,
+    GpuInfo,
+    GpuProcess,
+    GpuSample,
+    HardLimitSupport,
+    LimitResult,
+)
 from slurm_colloc.gpu.dcgm import DcgmProfiler
 
 MIB = 1024 * 1024
 T = TypeVar("T")
+CGROUP_ROOT = "/sys/fs/cgroup"
+MEMORY_LIMIT_MAX = 0xFFFFFFFFFFFFFFFF
+"""``NVML_DEVICE_MEMORY_LIMIT_MAX``: the hard limit that means "none"."""
+_SET_LIMITS = "nvmlDeviceSetMemoryLimits_v1"
+_GET_LIMITS = "nvmlDeviceGetMemoryLimits_v1"
 
 _INIT_HINTS = {
     "NVML_ERROR_LIBRARY_NOT_FOUND": "libnvidia-ml.so.1 was not found: is the NVIDIA driver "
@@ -69,6 +103,13 @@ class NvmlBackend(GpuBackend):
         except self.nvml.NVMLError as e:
             raise GpuBackendError(self._init_message(e)) from e
         self._handles: dict[int, Any] = {}
+        self._mps_list_ok: dict[int, bool] = {}
+        self._hard_support: dict[int, HardLimitSupport] = {}
+        self.cgroup_root = CGROUP_ROOT
+
+    def _code(self, name: str) -> object:
+        """An NVML return code constant, or a sentinel that matches nothing."""
+        return getattr(self.nvml, name, object())
 
     def _init_message(self, err: Any) -> str:
         code = getattr(err, "value", None)
@@ -131,6 +172,7 @@ class NvmlBackend(GpuBackend):
         power_mw = self._optional(self.nvml.nvmlDeviceGetPowerUsage, h)
         energy_mj = self._optional(self.nvml.nvmlDeviceGetTotalEnergyConsumption, h)
         procs = self._optional(self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        mps = self._mps_processes(index, h)  # after the compute list: see _merge
         prof = self.profiler.read(index) if self.profiler is not None else None
         return GpuSample(
             index=index,
@@ -142,8 +184,140 @@ class NvmlBackend(GpuBackend):
             sm_activity_pct=prof.sm_active_pct if prof else None,
             sm_occupancy_pct=prof.sm_occupancy_pct if prof else None,
             dram_activity_pct=prof.dram_active_pct if prof else None,
-            processes=tuple(self._process(p) for p in procs),
+            processes=self._merge(procs, mps),
         )
+
+    def _mps_processes(self, index: int, handle: Any) -> list[Any] | None:
+        """MPS clients on the GPU; None when NVML cannot list them (remembered)."""
+        fn = getattr(self.nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
+        if fn is None or self._mps_list_ok.get(index) is False:
+            return None
+        try:
+            out = list(fn(handle) or [])
+        except self.nvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in (
+                self._code("NVML_ERROR_NOT_SUPPORTED"),
+                self._code("NVML_ERROR_FUNCTION_NOT_FOUND"),
+                self._code("NVML_ERROR_NO_PERMISSION"),
+            ):
+                self._mps_list_ok[index] = False
+                return None
+            raise GpuBackendError(f"NVML {getattr(fn, '__name__', 'call')} failed: {e}") from e
+        self._mps_list_ok[index] = True
+        return out
+
+    def _merge(self, compute: list[Any], mps: list[Any] | None) -> tuple[GpuProcess, ...]:
+        """Union of both lists by pid; ``mps_client`` from membership of the MPS list.
+
+        The MPS list is read after the compute list, so a client that starts between
+        the two calls is still seen as a client; one that exits in between can look
+        like a non-MPS process for one sample (enforcement needs several samples).
+        """
+        mps_pids = None if mps is None else {int(p.pid) for p in mps}
+        merged: dict[int, int] = {}
+        for p in list(compute) + list(mps or []):
+            gp = self._process(p)
+            merged[gp.pid] = max(merged.get(gp.pid, 0), gp.used_mib)
+        return tuple(
+            GpuProcess(pid, mib, None if mps_pids is None else pid in mps_pids)
+            for pid, mib in merged.items()
+        )
+
+    # --- hard per-cgroup memory limits (r615+) ------------------------------------
+
+    def hard_memory_limit_supported(self, index: int) -> HardLimitSupport:
+        """Probe once per GPU: bindings, cgroup v2, not MIG, and the driver's answer."""
+        if index in self._hard_support:
+            return self._hard_support[index]
+        ans = self._probe_hard_limit(index)
+        self._hard_support[index] = ans
+        return ans
+
+    def _probe_hard_limit(self, index: int) -> HardLimitSupport:
+        for name in (_SET_LIMITS, _GET_LIMITS, "c_nvmlSetMemoryLimits_v1_t",
+                     "c_nvmlGetMemoryLimits_v1_t"):
+            if not hasattr(self.nvml, name):
+                return HardLimitSupport(
+                    False, f"nvidia-ml-py has no {name} (needs 13.615+, driver r615+)"
+                )
+        if not os.path.exists(os.path.join(self.cgroup_root, "cgroup.controllers")):
+            return HardLimitSupport(False, f"no cgroup v2 hierarchy at {self.cgroup_root}")
+        try:
+            h = self._handle(index)
+        except GpuBackendError as e:
+            return HardLimitSupport(False, str(e))
+        mig = getattr(self.nvml, "nvmlDeviceGetMigMode", None)
+        if mig is not None:
+            with contextlib.suppress(self.nvml.NVMLError):
+                current = mig(h)
+                current = current[0] if isinstance(current, list | tuple) else current
+                if int(current) == int(getattr(self.nvml, "NVML_DEVICE_MIG_ENABLE", 1)):
+                    return HardLimitSupport(False, f"GPU {index} is in MIG mode (not supported)")
+        q = self.nvml.c_nvmlGetMemoryLimits_v1_t()
+        q.nameSpace = self.cgroup_root.encode()
+        try:
+            getattr(self.nvml, _GET_LIMITS)(h, q)
+        except self.nvml.NVMLError as e:
+            return HardLimitSupport(False, f"GPU {index}: {_GET_LIMITS}: {e}")
+        return HardLimitSupport(True, f"GPU {index}: per-cgroup hard limits available")
+
+    def set_job_memory_limit(
+        self, index: int, cgroup_path: str, hard_mib: int, soft_mib: int = 0
+    ) -> LimitResult:
+        """Set, then read back, the cgroup's limits on GPU ``index`` (see module doc)."""
+        if hard_mib <= 0 or soft_mib < 0 or soft_mib > hard_mib:
+            return LimitResult(False, "error", f"bad limits hard={hard_mib} soft={soft_mib} MiB")
+        bad = self._bad_cgroup(cgroup_path)
+        if bad:
+            return LimitResult(False, "error", bad)
+        support = self.hard_memory_limit_supported(index)
+        if not support.supported:
+            return LimitResult(False, "unsupported", support.reason)
+        h = self._handle(index)
+        req = self.nvml.c_nvmlSetMemoryLimits_v1_t()
+        req.nameSpace = cgroup_path.encode()
+        req.softLimit = soft_mib * MIB
+        req.hardLimit = hard_mib * MIB
+        try:
+            getattr(self.nvml, _SET_LIMITS)(h, req)
+        except self.nvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if code in (self._code("NVML_ERROR_NOT_SUPPORTED"),
+                        self._code("NVML_ERROR_FUNCTION_NOT_FOUND")):
+                return LimitResult(False, "unsupported", f"{_SET_LIMITS}: {e}")
+            if code == self._code("NVML_ERROR_NO_PERMISSION"):
+                return LimitResult(False, "denied", f"{_SET_LIMITS}: {e} (needs root)")
+            return LimitResult(False, "error", f"{_SET_LIMITS}: {e}")
+        q = self.nvml.c_nvmlGetMemoryLimits_v1_t()
+        q.nameSpace = cgroup_path.encode()
+        try:
+            getattr(self.nvml, _GET_LIMITS)(h, q)
+        except self.nvml.NVMLError as e:
+            return LimitResult(
+                True, "set", f"hard {hard_mib} MiB on {cgroup_path} (not read back: {e})"
+            )
+        if int(q.hardLimit) != hard_mib * MIB:
+            return LimitResult(
+                False, "error",
+                f"read back hard limit {int(q.hardLimit)} B, asked {hard_mib * MIB} B",
+            )
+        return LimitResult(True, "set", f"hard {hard_mib} MiB on {cgroup_path} (verified)")
+
+    def _bad_cgroup(self, path: str) -> str | None:
+        """Why ``path`` is not a cgroup directory we may name (None if it is fine)."""
+        root = self.cgroup_root.rstrip("/") + "/"
+        if not path.startswith(root) or "/../" in path + "/" or "\0" in path:
+            return f"{path!r} is not a cgroup under {root}"
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            return f"{path}: {e.strerror}"
+        import stat
+
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path}: not a directory (symlink?)"
+        return None
 
     def compute_modes(self) -> dict[int, str]:
         """NVML compute mode per GPU: ``DEFAULT``, ``EXCLUSIVE_PROCESS`` or ``PROHIBITED``.
@@ -179,3 +353,31 @@ class NvmlBackend(GpuBackend):
             self.profiler.close()
         with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()
+
+
+def slurm_job_cgroup(job_id: int | str, root: str = CGROUP_ROOT) -> str | None:
+    """The job's cgroup v2 directory as Slurm's ``cgroup/v2`` plugin lays it out.
+
+    ``<root>/system.slice/slurmstepd.scope/job_<id>`` (or ``<node>_slurmstepd.scope``
+    when several slurmd run on one host). None when there is none (cgroup v1,
+    ``proctrack/linuxproc``, or slurmstepd has not created it yet). Symlinks are
+    never followed.
+    """
+    import stat
+
+    jid = str(job_id)
+    if not jid.isdigit() or len(jid) > 12:
+        return None
+    base = os.path.join(root, "system.slice")
+    try:
+        scopes = sorted(n for n in os.listdir(base) if n.endswith("slurmstepd.scope"))
+    except OSError:
+        return None
+    for scope in scopes:
+        path = os.path.join(base, scope, f"job_{jid}")
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISDIR(
+                os.lstat(os.path.join(base, scope)).st_mode
+            ):
+                return path
+    return None

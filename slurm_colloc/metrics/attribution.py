@@ -101,23 +101,33 @@ class Attributor:
 
     def lookup(self, pid: int) -> JobTag | None:
         """The process's job, or None (not a Slurm job, gone, or failed verification)."""
+        ident = self.identity(pid)
+        return None if ident is None else ident[1]
+
+    def identity(self, pid: int) -> tuple[int, JobTag] | None:
+        """``(start ticks, tag)`` of the process: what a signal must be checked against.
+
+        Enforcement signals a pid only if its start time still equals the ticks the
+        attribution was made for (see :mod:`slurm_colloc.metrics.enforce`).
+        """
         ticks = start_ticks(pid, self.proc)
         if ticks is None:
             self._cache.pop(pid, None)
             return None
         hit = self._cache.get(pid)
         if hit is not None and hit[0] == ticks:
-            return hit[1]
+            return None if hit[1] is None else (ticks, hit[1])
         tag = tag_of(pid, self.proc)
         if tag is not None and tag.source == "environ" and self.uid_of_job is not None:
             owner = self.uid_of_job(tag.job_id)
             if owner is not None and owner != tag.uid and tag.uid != 0:
                 tag = None  # a user's process claiming another user's job
-        if tag is not None:
-            # negatives are not cached: a process caught between fork and exec still
-            # shows its parent's environment, and its start time will not change
-            self._cache[pid] = (ticks, tag)
-        return tag
+        if tag is None:
+            return None
+        # negatives are not cached: a process caught between fork and exec still
+        # shows its parent's environment, and its start time will not change
+        self._cache[pid] = (ticks, tag)
+        return ticks, tag
 
     def forget_missing(self, alive: set[int]) -> None:
         """Drop cache entries of pids no longer on any GPU (bounds the cache)."""

@@ -10,6 +10,11 @@ Energy attribution: NVML has no per-process energy, so each GPU's energy between
 samples is split over its jobs in proportion to their memory (documented in
 docs/report.md as an approximation).
 
+Enforcement (:mod:`.enforce`): each GPU's attributed processes are also checked
+against their job's allocation and MPS membership; a job over its limit (or outside
+MPS) is killed or flagged per configuration and a root-only verdict is recorded. It
+reuses the sample and the attribution already made: no extra GPU or /proc reads.
+
 Life cycle: the prolog starts it when it is not running (:mod:`.launch`); it holds an
 exclusive ``flock`` on ``metrics_dir/collector.pid`` while alive, so a second copy
 exits at once; it exits by itself after ``collector_idle_exit_s`` without GPU jobs;
@@ -33,7 +38,7 @@ from types import FrameType
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuSample
-from slurm_colloc.metrics import store
+from slurm_colloc.metrics import enforce, store
 from slurm_colloc.metrics.attribution import Attributor
 
 PID_FILE = store.PID_FILE
@@ -58,7 +63,7 @@ class Collector:
 
     def __init__(
         self, cfg: CollocConfig, backend: GpuBackend, attributor: Attributor | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, enforcer: enforce.Enforcer | None = None,
     ) -> None:
         """Nothing is read until the first :meth:`step`."""
         self.cfg = cfg
@@ -70,6 +75,7 @@ class Collector:
         self._energy: dict[int, tuple[float, float | None]] = {}
         self._uids: dict[str, int | None] = {}
         self.last_job_seen = clock()
+        self.enforcer = enforcer or enforce.Enforcer(cfg, clock=clock)
 
     def _uid_of_job(self, job: str) -> int | None:
         if job not in self._uids:
@@ -101,16 +107,27 @@ class Collector:
         now = self.clock()
         seen: dict[Key, int] = {}
         pids: set[int] = set()
+        enforcing = self.enforcer.active
+        if enforcing:
+            self.enforcer.begin_step()
         for s in self.backend.sample_all():
             denergy = self._energy_delta(s)
             per_job: dict[Key, int] = {}
+            entries: list[enforce.Entry] = []
             for p in s.processes:
                 pids.add(p.pid)
-                tag = self.attributor.lookup(p.pid)
-                if tag is None:
+                ident = self.attributor.identity(p.pid)
+                if ident is None:
                     continue
+                tag = ident[1]
+                entries.append((p, ident[0], tag))
                 k = (tag.job_id, tag.attempt)
                 per_job[k] = per_job.get(k, 0) + p.used_mib
+            if enforcing and entries:
+                try:
+                    self.enforcer.observe(s.index, entries)
+                except OSError as e:  # the verdict store; metrics go on regardless
+                    log.warning("enforcement on GPU %d: %s", s.index, e)
             total = sum(per_job.values())
             for k, mem in per_job.items():
                 share = mem / total if total else 1.0 / len(per_job)
@@ -125,6 +142,8 @@ class Collector:
                 self._add(k, row, now)
                 seen[k] = seen.get(k, 0) + mem
         self.attributor.forget_missing(pids)
+        if enforcing:
+            self.enforcer.end_step()
         if seen:
             self.last_job_seen = now
         for k in [k for k, o in self.open.items() if now - o.last_seen > GONE_AFTER_S]:
@@ -210,6 +229,8 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
                 removed = store.prune(cfg.metrics_dir, cfg.metrics_retention_days, keep=open_jobs)
                 if removed:
                     log.info("pruned %d old job series", len(removed))
+                with contextlib.suppress(OSError):
+                    enforce.prune_verdicts(cfg.metrics_dir, cfg.metrics_retention_days)
             if not c.open and c.clock() - c.last_job_seen > cfg.collector_idle_exit_s:
                 log.info("no GPU jobs for %.0fs, exiting", cfg.collector_idle_exit_s)
                 break
@@ -248,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         os.nice(5)
     backend = backend_from_config(cfg)
-    log.info("started (pid %d, backend %s, every %.1fs)", os.getpid(), backend.name,
-             cfg.sample_interval_s)
+    log.info("started (pid %d, backend %s, every %.1fs; over limit: %s, outside MPS: %s)",
+             os.getpid(), backend.name, cfg.sample_interval_s, cfg.enforce_over_limit,
+             cfg.enforce_outside_mps)
     try:
         return serve(cfg, backend, max_seconds=a.seconds)
     finally:

@@ -4,7 +4,11 @@ It reads what simjobs registered (see :mod:`slurm_colloc.gpu.sim.state`) and rep
 it the way NVML would: memory used is the sum of live processes' memory, SM activity
 and utilisation are the summed demand capped at 100 %, power follows the SM activity
 and the energy counter only ever grows. SM occupancy and DRAM activity are not
-modelled and stay ``None`` ("not measured"), like NVML without DCGM.
+modelled and stay ``None`` ("not measured"), like NVML without DCGM. Each process
+says whether it is an MPS client (``GpuProcess.mps_client``): a simjob that found no
+MPS daemon (its ``CUDA_MPS_PIPE_DIRECTORY`` unset or wrong) is not, as NVML's MPS
+process list would tell on a real node. Hard per-cgroup limits are not simulated
+(the backend answers "unsupported", like a driver before r615).
 """
 
 from __future__ import annotations
@@ -62,5 +66,8 @@ class SimBackend(GpuBackend):
             power_w=gpu_power_w(self.spec, records),
             energy_j=energy,
             sm_activity_pct=activity,
-            processes=tuple(GpuProcess(pid=r.pid, used_mib=r.used_mib) for r in records),
+            processes=tuple(
+                GpuProcess(pid=r.pid, used_mib=r.used_mib, mps_client=r.mps_server > 0)
+                for r in records
+            ),
         )

@@ -14,13 +14,17 @@ changes):
   ``start_server -uid UID``, ``shutdown_server PID [-f]``,
   ``set_default_device_pinned_mem_limit DEV VALUE``,
   ``get_default_device_pinned_mem_limit DEV``,
+  ``set_device_pinned_mem_limit PID DEV VALUE`` / ``get_device_pinned_mem_limit PID DEV``
+  (a running server's limit, for clients that connect afterwards),
   ``set_default_active_thread_percentage PCT``,
   ``get_default_active_thread_percentage``, ``quit``.
 
 Semantics kept from the real daemon (its man page): one server per UID; a client of
 another UID is queued and the running server is asked to shut down once its clients
 are gone, then a server for the queued UID starts; defaults set by ``set_default_*``
-apply to servers started afterwards, not to running ones. Each server is a real
+apply to servers started afterwards, not to running ones. A client gets the smaller
+of its ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and its server's limit: the server-side
+limit holds for a client that unset the variable. Each server is a real
 (idle) child process running as its UID, so ``get_server_list`` prints live PIDs.
 
 Error containment (Volta and later MPS): a client that reports a fatal GPU exception
@@ -369,6 +373,8 @@ class Daemon:
             "shutdown_server": self._shutdown_server_cmd,
             "set_default_device_pinned_mem_limit": self._set_limit,
             "get_default_device_pinned_mem_limit": self._get_limit,
+            "set_device_pinned_mem_limit": self._set_server_limit,
+            "get_device_pinned_mem_limit": self._get_server_limit,
             "set_default_active_thread_percentage": self._set_pct,
             "get_default_active_thread_percentage": lambda a: f"{self.default_pct:.1f}",
             "quit": self._quit,
@@ -418,6 +424,27 @@ class Daemon:
             raise ValueError("device index must not be negative")
         self.default_limits[dev] = parse_size_mib(args[1])
         return ""
+
+    def _set_server_limit(self, args: list[str]) -> str:
+        """``set_device_pinned_mem_limit PID DEV VALUE``: a running server's limit.
+
+        Applies to clients that connect to that server afterwards (connected clients
+        keep the limit they were granted), as the server-side default does.
+        """
+        if len(args) != 3:
+            raise ValueError("usage: set_device_pinned_mem_limit PID DEV VALUE (e.g. 4242 0 8G)")
+        server = self._server_by_pid(args[0])
+        dev = int(args[1])
+        if dev < 0:
+            raise ValueError("device index must not be negative")
+        server.limits[dev] = parse_size_mib(args[2])
+        return ""
+
+    def _get_server_limit(self, args: list[str]) -> str:
+        if len(args) != 2:
+            raise ValueError("usage: get_device_pinned_mem_limit PID DEV")
+        limit = limit_for(self._server_by_pid(args[0]).limits, int(args[1]))
+        return "0" if limit is None else f"{limit}M"
 
     def _get_limit(self, args: list[str]) -> str:
         limit = limit_for(self.default_limits, int(args[0]))

@@ -239,6 +239,7 @@ class SimJob:
         self.sm_pct = job.sm_pct
         self.used_mib = 0
         self.mps: socket.socket | None = None
+        self.mps_server = 0  # pid of our MPS server; 0 = running outside MPS
         self.mps_buf = b""  # a partial line from the daemon
         self.mps_eof = False  # the daemon went away: nothing more to hear
         self.pid = os.getpid()
@@ -283,6 +284,10 @@ class SimJob:
             raise UsageError(f"MPS: {e}") from None
         if waited:
             self._say_err(f"MPS server {grant.server_pid} ready for uid {os.getuid()}")
+        self.mps_server = grant.server_pid
+        # The server's pinned limit (set_default_device_pinned_mem_limit, or
+        # set_device_pinned_mem_limit on the running server) binds: the client's own
+        # variable can only lower it, never raise it.
         own = limit_for(limits, 0)
         caps = [x for x in (own, grant.limit_mib) if x is not None]
         self.limit_mib = min(caps) if caps else None
@@ -357,6 +362,7 @@ class SimJob:
                     start_ticks=self.start_ticks,
                     job_id=os.environ.get("SLURM_JOB_ID", ""),
                     started=time.time(),
+                    mps_server=self.mps_server if self.mps is not None else 0,
                 ),
             )
 

@@ -80,6 +80,11 @@ class ProcRecord:
     """Process start time (``/proc/<pid>/stat`` field 22) to detect pid reuse."""
     job_id: str = ""
     started: float = 0.0
+    mps_server: int = 0
+    """PID of the MPS server the process is a client of; 0: it reached the GPU
+    without MPS (no reachable daemon, e.g. ``CUDA_MPS_PIPE_DIRECTORY`` unset). The
+    sim backend reports this as :attr:`GpuProcess.mps_client`, as NVML's MPS process
+    list does on a real node."""
 
 
 def _default_name(memory_mib: int) -> str:
@@ -262,6 +267,7 @@ def _parse_record(data: dict[str, Any]) -> ProcRecord:
         start_ticks=int(data["start_ticks"]),
         job_id=str(data.get("job_id", "")),
         started=float(data.get("started", 0.0)),
+        mps_server=int(data.get("mps_server", 0)),
     )
 
 
