@@ -268,12 +268,12 @@ class NvmlBackend(GpuBackend):
         """Set, then read back, the cgroup's limits on GPU ``index`` (see module doc)."""
         if hard_mib <= 0 or soft_mib < 0 or soft_mib > hard_mib:
             return LimitResult(False, "error", f"bad limits hard={hard_mib} soft={soft_mib} MiB")
-        bad = self._bad_cgroup(cgroup_path)
-        if bad:
-            return LimitResult(False, "error", bad)
         support = self.hard_memory_limit_supported(index)
         if not support.supported:
             return LimitResult(False, "unsupported", support.reason)
+        bad = self._bad_cgroup(cgroup_path)
+        if bad:
+            return LimitResult(False, "error", bad)
         h = self._handle(index)
         req = self.nvml.c_nvmlSetMemoryLimits_v1_t()
         req.nameSpace = cgroup_path.encode()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,37 @@ def test_symlinked_series_is_not_followed(tmp_path: Path) -> None:
         store.SeriesWriter(d / "series-0.tsv", 100)
     with pytest.raises(ValueError):
         store.job_dir(m, "../etc")
+
+
+def test_enforcement_rides_on_the_same_sample(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """One backend read per step, metrics and enforcement alike; the series still
+    records an over-limit job's memory, and the verdict names the prolog's attempt."""
+    from slurm_colloc.metrics import enforce
+
+    cfg, backend, state = make(tmp_path)
+    cfg = replace(cfg, enforce_over_limit="flag")
+    calls = []
+    real = backend.sample_all
+
+    def counted() -> list:  # type: ignore[type-arg]
+        calls.append(1)
+        return real()
+
+    backend.sample_all = counted  # type: ignore[method-assign]
+    pid = spawn(procs, {"SLURM_JOB_ID": "31"})
+    register(state, pid, 0, 6000)
+    store.write_meta(cfg.metrics_dir, store.JobMeta(job_id=31, attempt=0, uid=os.getuid(),
+                                                    gpus=(0,), limit_mib=2048, shards=2))
+    clock = Clock()
+    col = Collector(cfg, backend, clock=clock)
+    for _ in range(3):
+        assert col.step() == {("31", 0): 6000}
+        clock.t += 1
+    col.close()
+    assert len(calls) == 3
+    v = enforce.verdict_for(cfg, 31, 0)
+    assert v is not None and v.action == enforce.FLAGGED and v.peak_mib == 6000
+    off = replace(cfg, enforce_over_limit="off", enforce_outside_mps="off")
+    assert not Collector(off, backend).enforcer.active

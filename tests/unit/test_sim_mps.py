@@ -188,3 +188,85 @@ def test_second_uid_waits_until_first_uids_clients_are_gone(shared_daemon):
     assert str(first_server) not in servers
     log = (d / "log" / "control.log").read_text()
     assert "Starting new server" in log and "for user 65534" in log
+
+
+# --- the server-side limit holds without the client's cooperation (issue 11, H2) ------
+
+
+def test_running_servers_pinned_limit_can_be_set_for_new_clients(daemon):
+    control(daemon, stdin=f"start_server -uid {os.getuid()}\n")
+    pid = control(daemon, stdin="get_server_list\n").stdout.split()[0]
+    s1, line1 = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
+    assert parse_ready(line1).limit_mib is None  # no limit yet
+    r = control(daemon, stdin=f"set_device_pinned_mem_limit {pid} 0 6G\n"
+                f"get_device_pinned_mem_limit {pid} 0\nset_device_pinned_mem_limit 1 0 6G\n")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "6144M" and "no server with PID 1" in lines[1]
+    s2, line2 = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
+    assert parse_ready(line2).limit_mib == 6144
+    assert control(daemon, stdin="get_default_device_pinned_mem_limit 0\n").stdout.strip() == "0"
+    s1.close()
+    s2.close()
+
+
+@pytest.fixture
+def sim_gpus(tmp_path):
+    from slurm_colloc.gpu.sim import init_state
+
+    init_state(tmp_path / "state", gpu_count=1, memory_mib=40960)
+    return tmp_path / "state"
+
+
+def simjob_env(state: Path, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    src = base if base is not None else dict(os.environ)
+    env = {k: v for k, v in src.items() if not k.startswith(("COLLOC_", "CUDA_MPS_PINNED"))}
+    if base is None:
+        env = {k: v for k, v in env.items() if not k.startswith("CUDA_")}
+    env.update(PYTHONPATH=str(ROOT), COLLOC_SIM_STATE=str(state), CUDA_VISIBLE_DEVICES="0")
+    env.update(extra)
+    return env
+
+
+def simjob(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "slurm_colloc.gpu.sim.simjob", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("client_limit", [None, "0=30G", "30G"])
+def test_client_cannot_raise_or_drop_the_servers_default_limit(daemon, sim_gpus, client_limit):
+    control(daemon, stdin="set_default_device_pinned_mem_limit 0 2G\n")
+    extra = {} if client_limit is None else {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": client_limit}
+    _out, err = (p := simjob(simjob_env(sim_gpus, daemon, **extra),
+                            "--mem", "3G", "--seconds", "0.3")).communicate(timeout=30)
+    assert p.returncode == 1 and "total capacity of 2.00 GiB" in err
+
+
+def test_client_can_lower_the_servers_default_limit(daemon, sim_gpus):
+    control(daemon, stdin="set_default_device_pinned_mem_limit 0 8G\n")
+    env = simjob_env(sim_gpus, daemon, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1G")
+    _out, err = (p := simjob(env, "--mem", "1500M", "--seconds", "0.3")).communicate(timeout=30)
+    assert p.returncode == 1 and "total capacity of 1024.00 MiB" in err, err[-400:]
+
+
+def test_job_without_mps_env_shows_up_as_a_non_mps_process(daemon, sim_gpus):
+    from slurm_colloc.gpu.sim import SimBackend
+
+    with_mps = simjob(simjob_env(sim_gpus, daemon), "--mem", "1G", "--seconds", "30")
+    bypass = simjob(simjob_env(sim_gpus), "--mem", "2G", "--seconds", "30")  # env -i style
+    try:
+        backend = SimBackend(sim_gpus)
+        deadline = time.monotonic() + 15
+        procs: dict[int, bool | None] = {}
+        while time.monotonic() < deadline and len(procs) < 2:
+            procs = {p.pid: p.mps_client for p in backend.sample(0).processes}
+            time.sleep(0.05)
+        assert procs == {with_mps.pid: True, bypass.pid: False}
+        servers = control(daemon, stdin="get_server_list\n").stdout.split()
+        from slurm_colloc.gpu.sim.state import read_records
+
+        recs = {r.pid: r.mps_server for r in read_records(sim_gpus, 0)}
+        assert recs[bypass.pid] == 0 and str(recs[with_mps.pid]) in servers
+    finally:
+        for p in (with_mps, bypass):
+            p.terminate()
+            p.communicate(timeout=10)
