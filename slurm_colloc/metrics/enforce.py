@@ -345,8 +345,8 @@ Entry = tuple[GpuProcess, int, JobTag]
 
 @dataclass
 class _JobMetaCache:
-    attempt: int
-    meta: store.JobMeta
+    meta: store.JobMeta | None
+    """None: no prolog record (yet); asked again after :data:`META_TTL_S`."""
     read_at: float
 
 
@@ -372,6 +372,7 @@ class Enforcer:
         self._state: dict[tuple[str, int], _State] = {}
         self._written: dict[tuple[str, int], tuple[Verdict, float]] = {}
         self._step = 0
+        self._jobs_seen: set[str] = set()
 
     @property
     def active(self) -> bool:
@@ -381,14 +382,14 @@ class Enforcer:
     def begin_step(self) -> None:
         """Call before the GPUs of one collector step are observed."""
         self._step += 1
+        self._jobs_seen = set()
 
     def end_step(self) -> None:
         """Streaks of jobs not in violation this step restart; gone jobs are forgotten."""
         for k in [k for k, s in self._state.items() if s.seen_step != self._step]:
             del self._state[k]
-        seen = {k[0] for k in self._state}
-        for job in [j for j in self._meta if j not in seen]:
-            del self._meta[job]
+        for job in [j for j in self._meta if j not in self._jobs_seen]:
+            del self._meta[job]  # gone from the GPUs: a next attempt brings a new meta
         if len(self._written) > 4096:
             self._written.clear()
 
@@ -397,19 +398,20 @@ class Enforcer:
         hit = self._meta.get(job)
         if hit is not None and not fresh and now - hit.read_at < META_TTL_S:
             return hit.meta
+        found = None
         for a in reversed(store.attempts_on_node(self.cfg.metrics_dir, job)):
-            meta = store.read_meta(self.cfg.metrics_dir, job, a)
-            if meta is not None:
-                self._meta[job] = _JobMetaCache(a, meta, now)
-                return meta
-        self._meta.pop(job, None)
-        return None
+            found = store.read_meta(self.cfg.metrics_dir, job, a)
+            if found is not None:
+                break
+        self._meta[job] = _JobMetaCache(found, now)
+        return found
 
     def observe(self, gpu: int, entries: Iterable[Entry]) -> list[Verdict]:
         """Check one GPU's sample; returns the verdicts written for it."""
         by_job: dict[str, list[Entry]] = {}
         for e in entries:
             by_job.setdefault(e[2].job_id, []).append(e)
+        self._jobs_seen.update(by_job)
         out = []
         for job, procs in by_job.items():
             v = self._check(job, gpu, procs)

@@ -473,3 +473,23 @@ def test_verdict_json_round_trip_and_rejects_junk() -> None:
     assert enforce.Verdict.from_json(v.to_json().encode()) == v
     assert enforce.Verdict.from_json(b"[]") is None
     assert enforce.Verdict.from_json(v.to_json().replace('"730"', '"../1"').encode()) is None
+
+
+def test_next_attempt_on_a_whole_gpu_is_not_held_to_the_old_limit(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    cfg, backend, state = make(tmp_path, enforce_samples=1)
+    first = spawn(procs, "810")
+    register(state, first.pid, 1500)
+    meta(cfg, 810, 2048)  # attempt 0: 2 shards
+    clock = Clock()
+    col = Collector(cfg, backend, clock=clock)
+    steps(col, clock, 2)
+    first.kill()
+    first.wait()
+    steps(col, clock, 1)  # gone from the GPU
+    meta(cfg, 810, None, attempt=1)  # requeued onto a whole GPU
+    second = spawn(procs, "810", restarts="1")
+    register(state, second.pid, 30000)
+    steps(col, clock, 3)
+    assert alive(second) and enforce.verdict_for(cfg, 810, 1) is None
