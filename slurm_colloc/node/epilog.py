@@ -38,6 +38,8 @@ class EpilogResult:
     decision: requeue_policy.RequeueDecision | None = None
     requeued: bool = False
     shards_per_gpu: int | None = None
+    culprit: str | None = None
+    """Co-tenant job the collector blamed for this job's GPU OOM."""
     record_spooled: str | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -46,6 +48,8 @@ class EpilogResult:
         parts = [f"cause={self.cause}"]
         if self.pattern:
             parts.append(f"pattern={self.pattern}")
+        if self.culprit:
+            parts.append(f"culprit=job {self.culprit}")
         if self.decision:
             parts.append(f"requeue={'yes' if self.requeued else 'no'} ({self.decision.reason})")
         if self.evidence_files:
@@ -256,7 +260,34 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
     result.decision = requeue_policy.decide(
         cause=scan.cause, shards=shards, shards_per_gpu=spg if spg else max(shards, 1),
         restarts=ctx.restarts, estimate_mib=estimate_of(ctx), cfg=cfg, colloc_placed=placed,
+        culprit=_culprit(ctx, cfg, result) if scan.cause == "gpu-oom" and ctx.is_shared
+        else None,
     )
+
+
+def _culprit(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> str | None:
+    """A co-tenant the collector caught over its allocation (or outside MPS) on this GPU.
+
+    Issue 11, H2: without a hard cap a job can drop its MPS limit; its neighbours then
+    run out of memory. The collector's root-owned verdicts say who it was.
+    """
+    try:
+        from slurm_colloc.metrics import enforce, store
+
+        meta = store.read_meta(cfg.metrics_dir, ctx.job_id, ctx.restarts)
+        since = meta.start if meta is not None else 0.0
+        found = enforce.culprits_on_gpu(
+            cfg, ctx.gpus[0], since, exclude_job=ctx.job_id,
+            wait_s=enforce.detection_window_s(cfg),
+        )
+    except Exception as e:  # noqa: BLE001 - attribution is advice; the requeue is not
+        result.errors.append(f"co-tenant verdicts unreadable: {e}")
+        return None
+    if not found:
+        return None
+    v = found[0]
+    result.culprit = v.job_id
+    return requeue_policy.culprit_reason(v.job_id, v.kind, v.peak_mib, v.limit_mib)
 
 
 def _record_text(

@@ -33,6 +33,18 @@ CUDA_FATAL_WHOLE_REASON = (
 )
 
 
+CULPRIT_REASON = (
+    "GPU OOM while co-tenant job {job} was {what} (peak {peak} MiB, allocation {limit} "
+    "MiB): not this job's fault, same request"
+)
+
+
+def culprit_reason(job: str, kind: str, peak_mib: int, limit_mib: int) -> str:
+    """The report's sentence for an OOM blamed on a co-tenant (collector verdict)."""
+    what = "over its allocation" if kind == "over_limit" else "using the GPU outside MPS"
+    return CULPRIT_REASON.format(job=job, what=what, peak=peak_mib, limit=limit_mib)
+
+
 def colloc_placed(*, shards: int, gpu_count: int, foreign_shards: int = 0) -> bool:
     """Whether colloc placed the job: a per-node shard request and no gres/gpu.
 
@@ -60,6 +72,7 @@ def decide(
     estimate_mib: int | None,
     cfg: CollocConfig,
     colloc_placed: bool = True,
+    culprit: str | None = None,
 ) -> RequeueDecision:
     """Decide the next attempt of a job whose logs show ``cause``.
 
@@ -73,6 +86,11 @@ def decide(
 
     ``colloc_placed`` False (see :func:`colloc_placed`): never requeued, whatever the
     cause.
+
+    ``culprit``: the collector saw a co-tenant over its allocation or outside MPS on
+    this GPU during the attempt (:func:`culprit_reason` text). A shared job's GPU OOM is
+    then the co-tenant's doing: the victim is requeued with the same request, not
+    moved to a whole GPU (that would reward the offender with the GPU it took).
     """
     if not colloc_placed:
         return RequeueDecision(False, shards, NOT_PLACED_REASON)
@@ -96,6 +114,8 @@ def decide(
         )
     if cause == "mps-fault":
         return RequeueDecision(True, shards, MPS_FAULT_REASON)
+    if cause == "gpu-oom" and culprit:
+        return RequeueDecision(True, shards, culprit)
     if cause == "cuda-fatal":
         return RequeueDecision(True, shards_per_gpu,
                                CUDA_FATAL_SHARED_REASON.format(n=shards_per_gpu))

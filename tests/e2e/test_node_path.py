@@ -10,6 +10,7 @@ import pytest
 from slurm_colloc import config as cfgmod
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.node.prolog import ABSENT_GRACE_S
 from slurm_colloc.slurm.adapter import SlurmCli, wait_for_jobs
 from tests.e2e.conftest import ensure_user, node_state, sbatch
 
@@ -191,6 +192,8 @@ def test_stale_registrations_from_a_crashed_epilog_are_reaped(
     for gpu in range(cluster.spec.gpus):  # as if an epilog died before releasing job 999999
         tenancy.prepare_user_dirs(gpu, 0)
         tenancy.add_job(gpu, 0, 999999)
+        # and an earlier prolog already found it missing from the controller's list
+        tenancy.absent_since(gpu, 0, 999999, time.time() - 2 * ABSENT_GRACE_S)
     job = sbatch(cluster, workdir, 'echo "GPU=$CUDA_VISIBLE_DEVICES"', "--gres=shard:2")
     assert wait_for_jobs(slurm, [job], timeout=60)[str(job)] == "COMPLETED"
     gpu = int((workdir / f"{job}.out").read_text().split("GPU=")[1].split()[0])

@@ -337,3 +337,33 @@ def _write_conf(tmp_path: Path, cfg: CollocConfig) -> Path:
 def test_epilog_run_signature_keeps_release_first(tmp_path: Path) -> None:
     res = epilog.release_first(99, _cfg(tmp_path))
     assert res.released == [] and res.errors == []
+
+
+def test_an_oom_caused_by_an_over_limit_co_tenant_requeues_the_victim_unchanged(
+    tmp_path: Path,
+) -> None:
+    """H2: the epilog requeued the *victims* onto whole GPUs and left the offender alone."""
+    from slurm_colloc.metrics import enforce, store
+    from slurm_colloc.node import requeue_policy
+
+    cfg = _cfg(tmp_path)
+    job = parse_jobs(json.dumps({"jobs": [squeue_job(gres_detail=["shard:4(IDX:0)"],
+                                                     tres_per_node="gres:shard:4")]}))[7]
+    ctx = jobmod.context_from_job(job, {**ENV, "SLURM_JOB_EXIT_CODE2": "1:0"})
+    store.write_meta(cfg.metrics_dir, store.JobMeta(job_id=7, attempt=0, uid=1001, gpus=(0,),
+                                                    limit_mib=4096, shards=4,
+                                                    start=time.time() - 60))
+    res = epilog.EpilogResult(7)
+    assert epilog._culprit(ctx, cfg, res) is None  # nobody over: ordinary OOM path
+    now = time.time()
+    enforce.write_verdict(cfg.metrics_dir, enforce.Verdict(
+        job_id="8", attempt=0, uid=1002, gpu=0, kind="over_limit", peak_mib=30000,
+        limit_mib=2048, first_seen=now - 5, last_seen=now, action="killed"))
+    reason = epilog._culprit(ctx, cfg, res)
+    assert reason is not None and res.culprit == "8" and "job 8" in reason
+    d = requeue_policy.decide(cause="gpu-oom", shards=4, shards_per_gpu=40, restarts=0,
+                              estimate_mib=None, cfg=cfg, culprit=reason)
+    assert d.requeue and d.new_shards == 4
+    plain = requeue_policy.decide(cause="gpu-oom", shards=4, shards_per_gpu=40, restarts=0,
+                                  estimate_mib=None, cfg=cfg)
+    assert plain.new_shards > 4  # without a culprit the job is stepped up
