@@ -61,6 +61,17 @@ def _epoch(text: str) -> float | None:
         return None
 
 
+def _signaled(exit_code: str) -> bool:
+    """``N:S`` with a signal: killed (cancel, time limit), not a Python exception.
+
+    Only the signal part is trusted: Slurm 22.05's ``sacct --json`` reports every
+    normal exit as return code 0 (see :mod:`slurm_colloc.slurm.sacct_json`), so a
+    failed attempt's ``0:0`` means "exited, code unknown".
+    """
+    _, _, sig = exit_code.partition(":")
+    return sig.isdigit() and int(sig) != 0
+
+
 def _gres(tres: str) -> str:
     m = _GRES.search(tres)
     return f"{m.group(1)}={m.group(2)}" if m else ""
@@ -83,7 +94,7 @@ def outcome(
         requeues = sum(1 for a in rec.attempts if a.requeue is not None and a.requeue.requeued)
     else:
         failed = sum(1 for r in rows if r.state.split()[0] in ("FAILED", "REQUEUED")
-                     and r.exit_code.startswith("1:"))
+                     and not _signaled(r.exit_code))
         ooms = min(failed, output.count(OOM_TEXT)) if output is not None else failed
         requeues = max(0, len(rows) - 1)
     submits = [t for t in (_epoch(r.fields.get("Submit", "")) for r in rows) if t is not None]

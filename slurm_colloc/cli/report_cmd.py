@@ -75,6 +75,8 @@ def run(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer) -> int:  # typ
 
         rows = inquirer.period_rows(params.since, params.until, params.user)
         summary = admin.summarize_period(rows, cfg, params.since, params.user)
+        # entries sacct gave that could not be read: skipped, named, never fatal
+        summary.warnings[:0] = inquirer.warnings()
         if params.as_json:
             click.echo(json.dumps(summary.to_json(), indent=1))
         else:
@@ -97,5 +99,5 @@ def run(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer) -> int:  # typ
     else:
         console.print(text.render(rep))
         if params.html is not None:
-            console.print(f"\nHTML report written to {params.html}")
+            console.print(f"\nHTML report written to {params.html}", markup=False)
     return 0 if rep.colloc else EXIT_NO_DATA

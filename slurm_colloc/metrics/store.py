@@ -1,10 +1,20 @@
 """The node-local per-job metrics store: one directory per job under ``metrics_dir``.
 
-Layout (root-owned, readable by all: GPU metrics are what jobstats shows everyone)::
+Layout (root-owned)::
 
     metrics_dir/collector.pid          the node collector's pid, flock-ed while it runs
-    metrics_dir/jobs/<job>/meta-<n>.json    written by the prolog for attempt n
+    metrics_dir/jobs/<job>/meta-<n>.json    written by the prolog for attempt n (0600)
     metrics_dir/jobs/<job>/series-<n>.tsv   appended by the collector, one row per stride
+                                            (0644: GPU metrics are what jobstats shows
+                                            everyone)
+
+Meta files are root's alone (0600, security issue 11): they carry the job's uid, model
+fingerprint, batch size, optimizer and estimate, which ``PrivateData=jobs`` hides from
+other users. Only root reads them (collector, epilog summary). ``colloc-report`` run by
+the job's owner does not need them: the limit and start they would add come from the
+job's accounting record, and an unreadable meta is simply absent from the report. They
+are not given to the job's user either: a user-owned file could be rewritten by its
+owner and is then read by root, and the job's group is often everyone's group.
 
 A series row aggregates ``n`` raw samples: mean and max of the job's memory (so the
 peak survives any compaction), the GPU's memory, utilisation, SM activity/occupancy,
@@ -34,6 +44,8 @@ COLUMNS = (
     "dram_pct", "power_w", "energy_j", "tenants", "n",
 )
 MAX_META_BYTES = 16 * 1024
+META_MODE = 0o600
+"""Meta files are root's alone (see the module docstring)."""
 MAX_SERIES_BYTES = 16 << 20
 """Read cap of one series file (10,000 rows are about 1 MB)."""
 _JOB = re.compile(r"^\d{1,12}$")
@@ -193,10 +205,14 @@ def read_bounded(path: Path, limit: int) -> bytes:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write via a temp file + rename (readers see old or new, never half)."""
+    """Write via a temp file + rename (readers see old or new, never half).
+
+    The file gets exactly ``mode``, whatever the umask or a stale temp file's mode.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
+        os.fchmod(fd, mode)
         os.write(fd, text.encode())
     finally:
         os.close(fd)
@@ -212,7 +228,7 @@ def write_meta(metrics_dir: str | os.PathLike[str], meta: JobMeta) -> Path:
     p = meta_path(metrics_dir, meta.job_id, meta.attempt)
     data = asdict(meta)
     data["gpus"] = list(meta.gpus)
-    write_atomic(p, json.dumps(data, separators=(",", ":")))
+    write_atomic(p, json.dumps(data, separators=(",", ":")), mode=META_MODE)
     os.utime(d)
     return p
 

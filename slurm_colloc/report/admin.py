@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ class PeriodSummary:
     oom_crashes: int = 0
     recovered: int = 0
     estimators: list[EstimatorStats] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Jobs left out (malformed accounting data), one line each naming the job."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (without the raw error lists)."""
@@ -55,57 +58,97 @@ class PeriodSummary:
         return d
 
 
+@dataclass
+class _JobFold:
+    """One job's contribution to the period (committed only when it folded cleanly)."""
+
+    collocated: bool = False
+    hours_used: float = 0.0
+    hours_saved: float = 0.0
+    oom_crashes: int = 0
+    recovered: bool = False
+    accuracy: tuple[str, bool, float] | None = None
+    """(estimator, under-estimated, error %) of a completed, measured job."""
+
+
+def _fold_job(lines: list[JobRow], spg: int) -> _JobFold | None:
+    """A colloc job's figures from its accounting lines; None for a non-colloc job."""
+    rec = None
+    sub = None
+    for ln in lines:
+        rec = try_decode(ln.admin_comment) or rec
+        sub = sub or parse_record(ln.admin_comment)
+    if rec is None and sub is None:
+        return None
+    f = _JobFold()
+    attempts = rec.attempts if rec else ()
+    for i, a in enumerate(attempts):
+        el = lines[i].elapsed_s if len(lines) == len(attempts) else None
+        if el is None and a.start and a.end:
+            el = a.end - a.start
+        hours = (el or 0) / 3600
+        shards = a.shards or spg
+        if shards < spg:
+            f.collocated = True
+            f.hours_saved += hours * (1 - shards / spg)
+        f.hours_used += hours * min(1.0, shards / spg)
+        if a.oom and a.oom.cause in ("gpu-oom", "mps-fault"):
+            f.oom_crashes += 1
+    if not attempts and sub is not None and sub.shards < spg:
+        f.collocated = True
+    # latest attempt: sacct does not order them; one not started yet is the latest
+    final = max(
+        enumerate(lines),
+        key=lambda p: (p[1].start if p[1].start is not None else float("inf"), p[0]),
+    )[1].state
+    f.recovered = any(a.requeue and a.requeue.requeued for a in attempts) and (
+        final == "COMPLETED")
+    done = [a for a in attempts if a.metrics and a.metrics.peak_mib and not a.oom]
+    est = attempts[0].estimate if attempts and attempts[0].estimate else None
+    if done and est and est.mib:
+        peak = done[-1].metrics.peak_mib if done[-1].metrics else None
+        if peak:
+            f.accuracy = (est.estimator, peak > est.mib, (est.mib - peak) / peak * 100)
+    if not all(math.isfinite(x) for x in (f.hours_used, f.hours_saved)):
+        raise OverflowError("elapsed time out of range")
+    return f
+
+
 def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
                      user: str | None) -> PeriodSummary:
-    """Aggregate the period's accounting lines (pure)."""
+    """Aggregate the period's accounting lines (pure).
+
+    A job whose lines or record cannot be folded (absurd numbers, a record that
+    decodes but makes no sense) is left out with a line in ``warnings`` naming it:
+    one crafted job must not take the admin view down for everyone.
+    """
     spg = (cfg.gpu_memory_mib // cfg.shard_mib) if cfg.gpu_memory_mib else 40
     by_job: dict[str, list[JobRow]] = {}
     for r in rows:
         by_job.setdefault(r.job_id, []).append(r)
     out = PeriodSummary(since=since, user=user, jobs=len(by_job))
     stats: dict[str, EstimatorStats] = {}
-    for lines in by_job.values():
-        rec = None
-        sub = None
-        for ln in lines:
-            rec = try_decode(ln.admin_comment) or rec
-            sub = sub or parse_record(ln.admin_comment)
-        if rec is None and sub is None:
+    for job_id, lines in by_job.items():
+        try:
+            f = _fold_job(lines, spg)
+        except Exception as e:  # noqa: BLE001 - any bad job is skipped, never fatal
+            out.warnings.append(f"job {job_id}: skipped, its accounting data is malformed "
+                                f"({type(e).__name__})")
+            continue
+        if f is None:
             continue
         out.colloc_jobs += 1
-        attempts = rec.attempts if rec else ()
-        shared = False
-        for i, a in enumerate(attempts):
-            el = lines[i].elapsed_s if len(lines) == len(attempts) else None
-            if el is None and a.start and a.end:
-                el = a.end - a.start
-            hours = (el or 0) / 3600
-            shards = a.shards or spg
-            if shards < spg:
-                shared = True
-                out.gpu_hours_saved += hours * (1 - shards / spg)
-            out.gpu_hours_used += hours * min(1.0, shards / spg)
-            if a.oom and a.oom.cause in ("gpu-oom", "mps-fault"):
-                out.oom_crashes += 1
-        if not attempts and sub is not None and sub.shards < spg:
-            shared = True
-        out.collocated += shared
-        # latest attempt: sacct does not order them; one not started yet is the latest
-        final = max(
-            enumerate(lines),
-            key=lambda p: (p[1].start if p[1].start is not None else float("inf"), p[0]),
-        )[1].state
-        if any(a.requeue and a.requeue.requeued for a in attempts) and final == "COMPLETED":
-            out.recovered += 1
-        done = [a for a in attempts if a.metrics and a.metrics.peak_mib and not a.oom]
-        est = attempts[0].estimate if attempts and attempts[0].estimate else None
-        if done and est and est.mib:
-            peak = done[-1].metrics.peak_mib if done[-1].metrics else None
-            if peak:
-                s = stats.setdefault(est.estimator, EstimatorStats(est.estimator))
-                s.jobs += 1
-                s.under += peak > est.mib
-                s.errors.append((est.mib - peak) / peak * 100)
+        out.collocated += f.collocated
+        out.gpu_hours_used += f.hours_used
+        out.gpu_hours_saved += f.hours_saved
+        out.oom_crashes += f.oom_crashes
+        out.recovered += f.recovered
+        if f.accuracy is not None:
+            name, under, err = f.accuracy
+            s = stats.setdefault(name, EstimatorStats(name))
+            s.jobs += 1
+            s.under += under
+            s.errors.append(err)
     for s in stats.values():
         s.median_error_pct = round(statistics.median(s.errors), 1) if s.errors else None
     out.estimators = sorted(stats.values(), key=lambda s: -s.jobs)
@@ -115,10 +158,16 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
 
 
 def render(p: PeriodSummary) -> Any:
-    """rich renderable of the admin view."""
+    """rich renderable of the admin view.
+
+    Every string that comes from Slurm or a job record goes in as :class:`Text`
+    (never parsed as markup) through :func:`~slurm_colloc.report.text.safe`.
+    """
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    from slurm_colloc.report.text import safe
 
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -132,8 +181,13 @@ def render(p: PeriodSummary) -> Any:
     head.add_row("Recovered by requeue", str(p.recovered))
     t = Table("estimator", "jobs", "under-estimated", "median error", header_style="bold")
     for s in p.estimators:
-        t.add_row(s.estimator, str(s.jobs), str(s.under),
+        t.add_row(safe(s.estimator), str(s.jobs), str(s.under),
                   "-" if s.median_error_pct is None else f"{s.median_error_pct:+.0f}%")
-    title = f"colloc usage since {p.since}" + (f" for {p.user}" if p.user else "")
-    return Group(Text(title, style="bold"), head, Text(""),
-                 Text("Estimator accuracy (estimate vs measured peak)", style="bold"), t)
+    title = safe(f"colloc usage since {p.since}" + (f" for {p.user}" if p.user else ""))
+    title.stylize("bold")
+    parts: list[Any] = [title, head, Text(""),
+                        Text("Estimator accuracy (estimate vs measured peak)", style="bold"), t]
+    if p.warnings:
+        parts += [Text(""), Text("Skipped", style="bold yellow")]
+        parts += [safe(f"  * {w}") for w in p.warnings]
+    return Group(*parts)

@@ -90,7 +90,7 @@ def tenants_svg(a: AttemptView, s: Series) -> str:
     span = max(1.0, rows[-1].t - rows[0].t)
     lanes = a.tenants_timeline
     h = 28 + 18 * max(1, len(lanes))
-    body = [f'<text x="4" y="14" font-size="12">Jobs sharing GPU {a.gpu}</text>']
+    body = [f'<text x="4" y="14" font-size="12">Jobs sharing GPU {escape(str(a.gpu))}</text>']
     if not lanes:
         body.append('<text x="60" y="34" font-size="11">none: the job had the GPU alone</text>')
     for i, x in enumerate(lanes):

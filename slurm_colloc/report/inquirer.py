@@ -16,7 +16,8 @@ from datetime import datetime
 from typing import Any
 
 from slurm_colloc.metrics import store
-from slurm_colloc.slurm.adapter import SACCT_FIELDS, SlurmCli, by_start
+from slurm_colloc.slurm import sacct_json
+from slurm_colloc.slurm.adapter import SlurmCli, by_start
 
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 _JOB_ID = re.compile(r"^\d{1,12}$")
@@ -93,6 +94,10 @@ class Inquirer(abc.ABC):
         """Prolog metas per attempt when the node's store is readable here."""
         return {}
 
+    def warnings(self) -> list[str]:
+        """Accounting entries skipped so far (one line each, naming the job)."""
+        return []
+
 
 class SlurmInquirer(Inquirer):
     """sacct/scontrol through the Slurm adapter, plus the local metrics store."""
@@ -101,6 +106,10 @@ class SlurmInquirer(Inquirer):
         """``metrics_dir`` None: do not look for node-local series."""
         self.slurm = slurm
         self.metrics_dir = metrics_dir
+        self._warnings: list[str] = []
+
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
 
     def job_rows(self, job_id: str) -> list[JobRow]:
         if not _JOB_ID.match(job_id):
@@ -109,16 +118,20 @@ class SlurmInquirer(Inquirer):
         return [JobRow.from_fields(r.fields) for r in by_start(rows)]
 
     def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
-        args = ["--parsable2", "--noheader", "--allocations", "--duplicates",
-                f"--format={','.join(SACCT_FIELDS)}", f"--starttime={since}"]
+        # JSON, never --parsable2 (issue 11, M6); one bad entry is skipped, not fatal
+        args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
         args += [f"--endtime={until}"] if until else []
         args += [f"--user={user}"] if user else ["--allusers"]
         cp = self.slurm.run("sacct", *args)
         out = []
-        for line in cp.stdout.splitlines():
-            parts = line.split("|")
-            if len(parts) == len(SACCT_FIELDS):
-                out.append(JobRow.from_fields(dict(zip(SACCT_FIELDS, parts, strict=True))))
+        for rec in sacct_json.parse(cp.stdout, warn=self._warnings.append):
+            # 22.05's sacct --json does not pass --user on to its dumper: filter here
+            if user is not None and rec.fields.get("User") != user:
+                continue
+            try:
+                out.append(JobRow.from_fields(rec.fields))
+            except (ValueError, TypeError, OverflowError) as e:
+                self._warnings.append(f"job {rec.job_id}: skipped, unreadable ({e})")
         return out
 
     def live(self, job_id: str) -> dict[str, Any] | None:

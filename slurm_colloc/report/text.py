@@ -3,9 +3,16 @@
 Header (who, what, where, state), overall bars (memory peak against the limit and
 the estimate, SM activity), details (one row per attempt), co-tenants over time,
 then notes and recommendations.
+
+Strings from Slurm, job records or the node (job name, user, node, co-tenants, notes
+that quote them) reach rich only as :class:`Text` built by :func:`safe`: never parsed
+as markup (``train[/]`` crashed the report, ``[link=...]`` made hyperlinks) and with
+control characters shown escaped (no terminal escape sequences get through).
 """
 
 from __future__ import annotations
+
+import re
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -15,6 +22,17 @@ from slurm_colloc.report.model import AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 
 BAR = 30
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(value: object) -> str:
+    """``value`` as text with control and bidi-override characters shown as escapes."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(value))
+
+
+def safe(value: object, style: str = "") -> Text:
+    """A rich Text of untrusted ``value``: literal (no markup) and without controls."""
+    return Text(clean(value), style=style)
 
 
 def _hms(s: int | None) -> str:
@@ -66,7 +84,8 @@ def _detail_table(rep: JobReport) -> Table:
             str(a.attempt), "?" if a.gpu is None else str(a.gpu), _g(a.limit_mib),
             _g(a.estimate_mib), _g(a.peak_mib), _g(a.mean_mib), sm,
             f"{a.energy_j / 3.6e3:.2f}" if a.energy_j else "-",
-            ", ".join(a.co_tenants) or "alone", Text(a.outcome, style=_outcome_style(a.outcome)),
+            safe(", ".join(a.co_tenants) or "alone"),
+            safe(a.outcome, style=_outcome_style(a.outcome)),
         )
     return t
 
@@ -74,13 +93,13 @@ def _detail_table(rep: JobReport) -> Table:
 def _timeline(a: AttemptView) -> list[Text]:
     if not a.tenants_timeline:
         return []
-    out = [Text(f"  Co-tenants of attempt {a.attempt} on GPU {a.gpu} (seconds from its start)",
+    out = [safe(f"  Co-tenants of attempt {a.attempt} on GPU {a.gpu} (seconds from its start)",
                 style="bold")]
     end = max(x["to"] for x in a.tenants_timeline) or 1.0
     for x in a.tenants_timeline:
         lo = round(x["from"] / end * BAR) if end else 0
         hi = max(lo + 1, round(x["to"] / end * BAR))
-        line = Text(f"  job {x['job_id']:<12}")
+        line = safe(f"  job {x['job_id']!s:<12}")
         line.append(" " * lo + "=" * (hi - lo), style="magenta")
         line.append(" " * (BAR - hi) + f"  {x['from']:.0f}s .. {x['to']:.0f}s")
         out.append(line)
@@ -91,27 +110,28 @@ def render(rep: JobReport) -> RenderableType:
     """The whole report as one rich renderable."""
     parts: list[RenderableType] = []
     rule = Text("=" * 78, style="dim")
-    parts += [rule, Text(f"colloc job report: job {rep.job_id}", style="bold", justify="center"),
-              rule]
+    title = safe(f"colloc job report: job {rep.job_id}", style="bold")
+    title.justify = "center"
+    parts += [rule, title, rule]
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("Job", f"{rep.job_id}  {rep.name}")
-    head.add_row("User", rep.user or "?")
-    state = Text(rep.state, style=_outcome_style(rep.state))
+    head.add_row("Job", safe(f"{rep.job_id}  {rep.name}"))
+    head.add_row("User", safe(rep.user or "?"))
+    state = safe(rep.state, style=_outcome_style(rep.state))
     if rep.exit_code and rep.exit_code != "0:0":
-        state.append(f"  (exit {rep.exit_code})")
+        state.append(clean(f"  (exit {rep.exit_code})"))
     head.add_row("State", state)
-    head.add_row("Node", rep.node or "?")
+    head.add_row("Node", safe(rep.node or "?"))
     head.add_row("Elapsed", _hms(rep.elapsed_s))
     head.add_row("Attempts", str(len(rep.attempts)))
     if rep.submitted:
         s = rep.submitted
-        head.add_row("Submitted", f"{s['mode']}: {gib(s['estimate_mib'])} ({s['estimator']})"
-                     f" -> {s['shards']} shards x {s['shard_mib']} MiB")
+        head.add_row("Submitted", safe(f"{s['mode']}: {gib(s['estimate_mib'])} ({s['estimator']})"
+                                       f" -> {s['shards']} shards x {s['shard_mib']} MiB"))
     parts.append(head)
     if not rep.colloc:
-        parts += [Text(""), *[Text(f"  * {n}") for n in rep.notes]]
+        parts += [Text(""), *[safe(f"  * {n}") for n in rep.notes]]
         return Group(*parts)
     final = next((a for a in reversed(rep.attempts) if a.samples), None)
     parts += [Text(""), Text("Overall (last measured attempt)", style="bold")]
@@ -141,8 +161,8 @@ def render(rep: JobReport) -> RenderableType:
             parts += [Text(""), *tl]
     if rep.notes:
         parts += [Text(""), Text("Notes", style="bold")]
-        parts += [Text(f"  * {n}") for n in rep.notes]
+        parts += [safe(f"  * {n}") for n in rep.notes]
     if rep.recommendations:
         parts += [Text(""), Text("Recommendations", style="bold green")]
-        parts += [Text(f"  * {r}") for r in rep.recommendations]
+        parts += [safe(f"  * {r}") for r in rep.recommendations]
     return Group(*parts)
