@@ -181,7 +181,8 @@ def parse(text: str, warn: Warn | None = None) -> list[AccountingRecord]:
     jobs = doc.get("jobs") if isinstance(doc, Mapping) else None
     if not isinstance(jobs, list):
         raise SlurmError("sacct --json: output has no 'jobs' list")
-    for err in doc.get("errors") or ():
+    errors = doc.get("errors")
+    for err in errors if isinstance(errors, list) else ():
         say(f"sacct reported: {_text(_get(err, ('error',)) or err)[:200]}")
     out = []
     for obj in jobs:

@@ -197,6 +197,10 @@ def test_m6_unreadable_json_is_a_slurm_error(monkeypatch: pytest.MonkeyPatch) ->
     slurm, _ = cli(monkeypatch, [], raw="[1, 2]")
     with pytest.raises(ad.SlurmError, match="sacct"):
         slurm.accounting([42])
+    # junk around a good jobs list is not fatal
+    for errors in (5, "x", [{"error": "slurmdbd: timeout", "error_number": 1}, None]):
+        slurm, _ = cli(monkeypatch, [], raw=json.dumps({"errors": errors, "jobs": [job(42)]}))
+        assert [r.job_id for r in slurm.accounting([42])] == ["42"]
 
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.sampled_from(
