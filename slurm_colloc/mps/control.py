@@ -308,6 +308,21 @@ class MpsDaemon:
         if lines:
             self.command(*lines)
 
+    def cap_user(self, limit_mib: int) -> None:
+        """Server-side pinned limit for this (GPU, user): new servers and running ones.
+
+        ``set_default_device_pinned_mem_limit`` binds only servers started later, so
+        each running server also gets ``set_device_pinned_mem_limit PID`` (it binds
+        the clients that connect afterwards). A client that drops its own variable
+        then gets its user's share of the GPU, not the whole GPU.
+        """
+        if limit_mib <= 0:
+            return
+        lines = [f"set_default_device_pinned_mem_limit 0 {limit_mib}M"]
+        lines += [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M"
+                  for pid in self.server_pids()]
+        self.command(*lines)
+
     def server_pids(self) -> list[int]:
         """``get_server_list``: pids of the MPS servers this daemon runs."""
         return [int(t) for t in self.command("get_server_list").split()

@@ -155,7 +155,7 @@ def run(
         tenancy.write_job_env(ctx.job_id, env, gid)
         # server side: a client that drops its own limit (env -i, --cleanenv) gets
         # its user's total share of this GPU, not the whole GPU (docs/node.md)
-        daemon.set_defaults(user_total_mib(cfg, tenancy, gpu, ctx.uid), 0)
+        daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
         detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}",

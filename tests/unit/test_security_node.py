@@ -367,3 +367,20 @@ def test_an_oom_caused_by_an_over_limit_co_tenant_requeues_the_victim_unchanged(
     plain = requeue_policy.decide(cause="gpu-oom", shards=4, shards_per_gpu=40, restarts=0,
                                   estimate_mib=None, cfg=cfg)
     assert plain.new_shards > 4  # without a culprit the job is stepped up
+
+
+def test_the_server_side_cap_follows_the_users_total_on_the_gpu(tmp_path: Path) -> None:
+    """H2: a client that drops CUDA_MPS_PINNED_DEVICE_MEM_LIMIT must not get the GPU."""
+    t, d = _daemon(tmp_path)
+    d.start()
+    try:
+        d.cap_user(6144)
+        assert "6144" in d.command("get_default_device_pinned_mem_limit 0")
+    finally:
+        d.stop()
+    cfg = _cfg(tmp_path)
+    for job, mib in ((1, 2048), (2, 4096)):
+        t.add_job(0, os.getuid(), job)
+        t.write_job_env(job, {"COLLOC_LIMIT_MIB": str(mib)})
+    t.write_job_env(3, {"COLLOC_LIMIT_MIB": "99999"})  # not on this GPU: not counted
+    assert prolog.user_total_mib(cfg, t, 0, os.getuid()) == 6144
