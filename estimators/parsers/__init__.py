@@ -12,6 +12,7 @@ from pathlib import Path
 from estimators.errors import EstimatorInputError, SummaryParseError
 from estimators.model import ModelSummary
 from estimators.parsers import json_format, keras, pytorch_print, torchinfo, torchsummary
+from estimators.parsers._common import check_plausible
 
 MAX_SUMMARY_BYTES = 4 * 1024 * 1024
 """Largest summary accepted: a torchinfo table of a 1,000-layer model is ~150 kB; more
@@ -27,7 +28,18 @@ FORMATS: dict[str, tuple[Callable[[str], bool], Callable[[str], ModelSummary]]] 
 
 
 def parse_summary(text: str, fmt: str | None = None) -> ModelSummary:
-    """Parse summary text, detecting the format unless ``fmt`` names one."""
+    """Parse summary text, detecting the format unless ``fmt`` names one.
+
+    Any text gives a :class:`ModelSummary` or an :class:`EstimatorInputError`
+    (normally :class:`SummaryParseError`), in time linear in its size: sizes no real
+    model has are refused (:func:`~estimators.parsers._common.check_plausible`), and
+    an unexpected ``ValueError`` / ``RecursionError`` / ``OverflowError`` inside a
+    parser still becomes a parse error rather than a traceback in ``sbatch``.
+    """
+    return check_plausible(_parse(text, fmt))
+
+
+def _parse(text: str, fmt: str | None) -> ModelSummary:
     if len(text) > MAX_SUMMARY_BYTES:
         raise EstimatorInputError(
             f"summary is larger than {MAX_SUMMARY_BYTES // (1024 * 1024)} MiB; not a model summary"
@@ -38,15 +50,27 @@ def parse_summary(text: str, fmt: str | None = None) -> ModelSummary:
         if fmt not in FORMATS:
             raise EstimatorInputError(
                 f"unknown summary format {fmt!r}; known: {', '.join(FORMATS)}")
-        return FORMATS[fmt][1](text)
-    for detect, parse in FORMATS.values():
+        return _guarded(fmt, FORMATS[fmt][1], text)
+    for name, (detect, parse) in FORMATS.items():
         if detect(text):
-            return parse(text)
+            return _guarded(name, parse, text)
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     raise SummaryParseError(
         "not a recognised model summary (torchinfo, torchsummary, print(model), Keras or "
         "colloc JSON)", line_no=1 if first else None, line=first or None,
     )
+
+
+def _guarded(name: str, parse: Callable[[str], ModelSummary], text: str) -> ModelSummary:
+    """``parse(text)`` with any stray error of bad input turned into a parse error."""
+    try:
+        return parse(text)
+    except EstimatorInputError:
+        raise
+    except RecursionError:
+        raise SummaryParseError(f"{name}: nested too deeply; not a model summary") from None
+    except (ValueError, OverflowError, ArithmeticError) as e:
+        raise SummaryParseError(f"{name}: unreadable summary ({str(e)[:100]})") from None
 
 
 def read_summary_file(path: str | Path) -> ModelSummary:

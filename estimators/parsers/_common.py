@@ -1,10 +1,82 @@
-"""Small helpers shared by the summary parsers (numbers, shapes, totals)."""
+"""Small helpers shared by the summary parsers (numbers, shapes, totals), and the
+plausibility limits every parsed summary must meet.
+
+Summaries are user input (security issue 11): every regex here runs in linear time
+on any line, numbers are refused before they are converted when they have more
+digits than any real model needs (Python's ``int(str)`` is quadratic and refuses
+more than 4,300 digits), and :func:`check_plausible` refuses sizes no GPU job can
+have, so nothing downstream computes with 10^30 parameters.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 
 from estimators.errors import SummaryParseError
+from estimators.model import ModelSummary
+
+MAX_PARAMS = 10**13
+"""Parameters of a model (or one layer): 10 trillion, 40 TB of fp32 weights alone;
+the largest trained models have about 2 x 10^12."""
+MAX_ELEMS = 10**12
+"""Output elements per sample of one layer, and per-token width."""
+MAX_LAYERS = 200_000
+"""Layers after ``print(model)`` repeats are expanded (the largest real summaries have
+a few thousand)."""
+MAX_NESTING = 200
+"""Module nesting in ``print(model)`` (real models: under 20)."""
+MAX_DIGITS = 15
+"""Digits of any one number in a summary (without separators)."""
+
+
+def implausible(what: str, line_no: int | None = None, line: str | None = None
+                ) -> SummaryParseError:
+    """The error for a size no real model has."""
+    return SummaryParseError(f"implausibly large {what}: not a real model summary",
+                             line_no=line_no, line=line)
+
+
+def to_int(digits: str, what: str, line_no: int | None = None, line: str | None = None) -> int:
+    """``int(digits)`` for a string of ASCII/Unicode decimal digits, refusing more than
+    :data:`MAX_DIGITS` digits before converting."""
+    if len(digits) > MAX_DIGITS:
+        raise implausible(what, line_no, line)
+    return int(digits)
+
+
+def sat_prod(xs: list[int], cap: int = MAX_ELEMS) -> int:
+    """Product of non-negative ints, saturating just above ``cap`` (no huge ints)."""
+    p = 1
+    for x in xs:
+        p *= x
+        if p > cap:
+            return cap + 1
+    return p
+
+
+def check_plausible(s: ModelSummary) -> ModelSummary:
+    """``s`` unchanged, or :class:`SummaryParseError` when a size is beyond any GPU job."""
+    if len(s.layers) > MAX_LAYERS:
+        raise SummaryParseError(f"{s.format}: too many layers ({len(s.layers)} > {MAX_LAYERS}):"
+                                " not a real model summary")
+    if not 0 <= s.total_params <= MAX_PARAMS:
+        raise implausible(f"parameter count ({s.total_params})")
+    if not 0 <= s.trainable_params <= MAX_PARAMS:
+        raise implausible(f"trainable parameter count ({s.trainable_params})")
+    for la in s.layers:
+        if not 0 <= la.params <= MAX_PARAMS:
+            raise implausible(f"parameter count of a {la.type[:40]} layer ({la.params})")
+        if la.output_shape is not None and (
+                any(d < 0 for d in la.output_shape)
+                or sat_prod(list(la.output_shape)) > MAX_ELEMS):
+            raise implausible(f"output of a {la.type[:40]} layer")
+        if la.width is not None and not 0 <= la.width <= MAX_ELEMS:
+            raise implausible(f"width of a {la.type[:40]} layer ({la.width})")
+    for v in (s.seq_len,):
+        if v is not None and not 0 <= v <= MAX_ELEMS:
+            raise implausible(f"sequence length ({v})")
+    return s
 
 _NUM = re.compile(r"^[+-]?\d[\d,_]*$")
 _SUFFIXED = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMBG])$", re.IGNORECASE)
@@ -17,13 +89,18 @@ def parse_count(tok: str, line_no: int, line: str) -> int:
     if t in {"--", "-", "", "(recursive)", "0"}:
         return 0
     if _NUM.match(t):
-        value = int(t.replace(",", "").replace("_", ""))
+        value = to_int(t.replace(",", "").replace("_", ""), "parameter count", line_no, line)
         if value < 0:
             raise SummaryParseError("negative parameter count", line_no=line_no, line=line)
         return value
     m = _SUFFIXED.match(t)
     if m:
-        return round(float(m.group(1)) * _SCALE[m.group(2).lower()])
+        if len(m.group(1)) > MAX_DIGITS + 1:
+            raise implausible("parameter count", line_no, line)
+        value_f = float(m.group(1)) * _SCALE[m.group(2).lower()]
+        if not math.isfinite(value_f) or value_f > MAX_PARAMS:
+            raise implausible("parameter count", line_no, line)
+        return round(value_f)
     raise SummaryParseError(f"not a parameter count ({t!r})", line_no=line_no, line=line)
 
 
@@ -90,7 +167,9 @@ def parse_shapes(tok: str, line_no: int, line: str) -> list[list[int | None]] | 
         for p in parts:
             if not _INTS.fullmatch(p):
                 raise SummaryParseError(f"not a shape ({t!r})", line_no=line_no, line=line)
-            dims.append(None if p in {"None", "?"} else int(p))
+            dims.append(None if p in {"None", "?"} else to_int(p.lstrip("-"), "shape",
+                                                                      line_no, line)
+                        * (-1 if p.startswith("-") else 1))
         shapes.append(dims)
     return shapes
 
@@ -101,7 +180,8 @@ def footer_count(pattern: str, text_lines: list[str]) -> int | None:
     for line in text_lines:
         m = rx.search(line)
         if m:
-            return int(m.group(1).replace(",", "").replace("_", ""))
+            digits = m.group(1).replace(",", "").replace("_", "")
+            return to_int(digits, pattern.rstrip(":").lower(), None, line) if digits else None
     return None
 
 
@@ -132,7 +212,7 @@ def per_sample(shapes: list[list[int | None]] | None, batch: int | None) -> tupl
 
 
 def _prod(xs: list[int]) -> int:
-    p = 1
-    for x in xs:
-        p *= x
+    p = sat_prod(xs)
+    if p > MAX_ELEMS:
+        raise implausible("output shape")
     return p

@@ -43,6 +43,10 @@ def parse(text: str) -> ModelSummary:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise SummaryParseError(f"json: {e.msg}", line_no=e.lineno) from None
+    except RecursionError:
+        raise SummaryParseError("json: nested too deeply; not a model summary") from None
+    except ValueError as e:  # an integer with more digits than int() converts
+        raise SummaryParseError(f"json: {str(e)[:80]}") from None
     if not isinstance(doc, dict):
         raise SummaryParseError("json: top level must be an object")
     if doc.get("format") != FORMAT_TAG:

@@ -15,8 +15,36 @@ from estimators.model import Layer, ModelSummary
 from estimators.parsers._common import footer_count, parse_count, parse_shapes, per_sample
 
 _HEADER = re.compile(r"Layer \(type\)\s*[┃│|]?\s*Output Shape\s*[┃│|]?\s*Param #")
-_SHAPE = re.compile(r"(\((?:None|\d+)[^)]*\)|\[\((?:None|\d+)[^\]]*\]|multiple)")
-_NAME = re.compile(r"^(?P<name>\S+)\s*\((?P<type>[^)]*)\)?\s*$")
+_SHAPE = re.compile(r"(\((?:None|\d+)[^()]*\)|\[\((?:None|\d+)[^\[\]]*\]|multiple)")
+"""A shape cell. The body excludes the opening bracket too, so a failed attempt stops
+at the next bracket: ``[^)]*`` rescanned the rest of the line from every ``(1``
+(quadratic; security issue 11). Real shapes have no nested brackets."""
+
+
+def name_type(cell: str) -> tuple[str, str] | None:
+    r"""``(name, type)`` of a ``name (Type)`` cell (the closing ``)`` may be cut off by
+    wrapping), else None. Reads exactly what ``^(\S+)\s*\(([^)]*)\)?\s*$`` matched,
+    in one linear pass (the regex backtracked quadratically on ``((((...)x``)."""
+    s = cell
+    t = s.rstrip()
+    closed = t.endswith(")")
+    u = t[:-1] if closed else s
+    lo = max(u.rfind(")") + 1, 1)  # the "(" comes after any ")" and after the name
+    fw = 0
+    while fw < len(s) and not s[fw].isspace():
+        fw += 1
+    if fw == 0:
+        return None
+    nw = fw
+    while nw < len(s) and s[nw].isspace():
+        nw += 1
+    if nw > fw and nw < len(u) and s[nw] == "(" and nw >= lo:
+        p = nw
+    else:
+        p = u.rfind("(", lo, fw)
+        if p < 0:
+            return None
+    return s[:p].rstrip(), s[p + 1:len(t) - 1] if closed else s[p + 1:]
 
 
 def looks_like(text: str) -> bool:
@@ -73,13 +101,13 @@ def parse(text: str) -> ModelSummary:
     layers: list[Layer] = []
     for line_no, name, shape_tok, params in _rows(lines, head + 1):
         raw = lines[line_no - 1]
-        m = _NAME.match(name)
-        if m is None or not m.group("type"):
+        nt = name_type(name)
+        if nt is None or not nt[1]:
             raise SummaryParseError("keras: layer cell is not 'name (Type)'", line_no=line_no,
                                     line=raw)
         shapes = None if shape_tok == "multiple" else parse_shapes(
             shape_tok.strip("[]") if shape_tok.startswith("[") else shape_tok, line_no, raw)
-        layers.append(Layer(type=re.sub(r"\s+", "", m.group("type")),
+        layers.append(Layer(type=re.sub(r"\s+", "", nt[1]),
                             params=parse_count(params or "0", line_no, raw),
                             output_shape=per_sample(shapes, None)))
     if not layers:

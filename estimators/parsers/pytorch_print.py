@@ -23,9 +23,60 @@ from dataclasses import dataclass, field
 
 from estimators.errors import SummaryParseError
 from estimators.model import Layer, ModelSummary
-from estimators.parsers._common import parse_count
+from estimators.parsers._common import (
+    MAX_DIGITS,
+    MAX_ELEMS,
+    MAX_LAYERS,
+    MAX_NESTING,
+    implausible,
+    parse_count,
+    sat_prod,
+    to_int,
+)
 
-_SUFFIX = re.compile(r",?\s*(?P<n>[\d,_.]+\s*[KMBG]?)\s+params\s*$", re.IGNORECASE)
+_COUNT_CHARS = frozenset(",_.")
+
+
+def split_suffix(line: str) -> tuple[str, str] | None:
+    r"""``(body, count text)`` of a line ending in ``, N params`` (``N`` may carry a
+    K/M/B/G unit), else None.
+
+    One backwards scan, linear in the line by construction. It reads exactly what the
+    regex ``,?\s*(?P<n>[\d,_.]+\s*[KMBG]?)\s+params\s*$`` (case-insensitive)
+    searched for, which was quadratic: every start inside a run of digits rescanned
+    the run (a 32 KiB line of digits took 24 s; security issue 11).
+    """
+    end = len(line.rstrip())
+    if end < 6 or line[end - 6:end].lower() != "params":
+        return None
+    j = end - 6
+    k = j
+    while k > 0 and line[k - 1].isspace():
+        k -= 1
+    if k == j:
+        return None  # \s+ before "params"
+    n_end = j - 1  # the count text keeps the blanks before "params" but the last
+    if k > 0 and line[k - 1] in "KMBGkmbg":
+        n_end = k
+        k -= 1
+        while k > 0 and line[k - 1].isspace():
+            k -= 1
+    run_end = k
+    while k > 0 and (line[k - 1].isdecimal() or line[k - 1] in _COUNT_CHARS):
+        k -= 1
+    if k == run_end:
+        return None  # no count before the unit / "params"
+    start = k
+    while start > 0 and line[start - 1].isspace():
+        start -= 1
+    if start < k:  # whitespace before the count: ",?" may take a comma before it
+        if start > 0 and line[start - 1] == ",":
+            start -= 1
+        return line[:start], line[k:n_end]
+    if line[k] == "," and k + 1 < run_end:
+        return line[:k], line[k + 1:n_end]  # ",?" takes the run's leading comma
+    return line[:k], line[k:n_end]
+
 _OPEN = re.compile(
     r"^(?:\((?P<name>[^)]*)\):\s*)?(?:(?P<rep>\d+)\s+x\s+)?(?P<type>[A-Za-z_][\w.]*)\($"
 )
@@ -39,7 +90,9 @@ _CLOSE = re.compile(r"^\)$")
 def looks_like(text: str) -> bool:
     """``Name(`` on the first non-empty line and ``(child): Type(`` lines below."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return bool(lines) and bool(re.match(r"^[A-Za-z_][\w.]*\($", _SUFFIX.sub("", lines[0]))) \
+    first = split_suffix(lines[0]) if lines else None
+    head = first[0] if first else (lines[0] if lines else "")
+    return bool(lines) and bool(re.match(r"^[A-Za-z_][\w.]*\($", head)) \
         and any(ln.startswith("(") for ln in lines[1:4])
 
 
@@ -91,17 +144,17 @@ def _int(s: str | None) -> int | None:
     if s is None:
         return None
     m = re.match(r"^\(?\s*(\d+)", s.strip())
-    return int(m.group(1)) if m else None
+    return to_int(m.group(1), "constructor argument") if m else None
 
 
 def _dims(s: str) -> int | None:
     """Product of the integers in a size argument: ``(3, 3)`` -> 9, ``(768,)`` -> 768."""
-    ds = [int(d) for d in re.findall(r"\d+", s)]
+    ds = [to_int(d, "size argument") for d in re.findall(r"\d+", s)]
     if not ds:
         return None
-    n = 1
-    for d in ds:
-        n *= d
+    n = sat_prod(ds)
+    if n > MAX_ELEMS:
+        raise implausible("size argument")
     return n
 
 
@@ -216,9 +269,9 @@ def parse(text: str) -> ModelSummary:
         line = raw.strip()
         if not line:
             continue
-        suffix = _SUFFIX.search(line)
-        count = parse_count(suffix.group("n").replace(" ", ""), i + 1, raw) if suffix else None
-        body = _SUFFIX.sub("", line).rstrip(",").strip() if suffix else line
+        suffix = split_suffix(line)
+        count = parse_count("".join(suffix[1].split()), i + 1, raw) if suffix else None
+        body = suffix[0].rstrip(",").strip() if suffix else line
         if _CLOSE.match(body) or body == "),":
             if not stack:
                 raise SummaryParseError("print(model): ')' closes nothing", line_no=i + 1,
@@ -230,7 +283,11 @@ def parse(text: str) -> ModelSummary:
             continue
         m = _OPEN.match(body)
         if m:
-            node = _Node(type=m.group("type"), rep=int(m.group("rep") or 1), params=count)
+            if len(stack) >= MAX_NESTING:
+                raise SummaryParseError(f"print(model): modules nested more than {MAX_NESTING} "
+                                        "deep; not a real model", line_no=i + 1, line=raw)
+            node = _Node(type=m.group("type"), rep=_rep(m.group("rep"), i + 1, raw),
+                         params=count)
             if stack:
                 stack[-1].children.append(node)
             elif root is None:
@@ -243,15 +300,17 @@ def parse(text: str) -> ModelSummary:
         m = _LEAF.match(body)
         if m and stack:
             params, width = _leaf_info(m.group("type"), m.group("args"))
-            node = _Node(type=m.group("type"), rep=int(m.group("rep") or 1),
+            node = _Node(type=m.group("type"), rep=_rep(m.group("rep"), i + 1, raw),
                          params=count if count is not None else params, width=width, leaf=True)
             stack[-1].children.append(node)
             continue
         pm = _PARAM_LINE.match(body)
         if pm and stack:
-            n = 1
-            for d in pm.group("size").split("x") if pm.group("size") else []:
-                n *= int(d)
+            sizes = [to_int(d, "parameter size", i + 1, raw)
+                     for d in pm.group("size").split("x") if d] if pm.group("size") else []
+            n = sat_prod(sizes)
+            if n > MAX_ELEMS:
+                raise implausible("parameter size", i + 1, raw)
             stack[-1].own += n
             continue
         if _OBJECT_LINE.match(body) and stack:
@@ -268,6 +327,9 @@ def parse(text: str) -> ModelSummary:
     if stack:
         raise SummaryParseError(f"print(model): {len(stack)} unclosed module(s) at end of text")
 
+    if _expanded(root) > MAX_LAYERS:
+        raise SummaryParseError(f"print(model): too many layers once repeats are expanded "
+                                f"(> {MAX_LAYERS}); not a real model")
     layers: list[Layer] = []
     prev_width: list[int | None] = [None]
 
@@ -302,6 +364,27 @@ def parse(text: str) -> ModelSummary:
                         trainable_params=total, meta=meta)
 
 
+def _rep(digits: str | None, line_no: int, raw: str) -> int:
+    """The ``N`` of ``N x Block(`` (1 without one)."""
+    if digits is None:
+        return 1
+    if len(digits) > 9:
+        raise SummaryParseError("print(model): too many repeats", line_no=line_no, line=raw)
+    return int(digits)
+
+
+def _expanded(root: _Node) -> int:
+    """Leaf count with repeats expanded, saturating above :data:`MAX_LAYERS` (the tree
+    is at most :data:`MAX_NESTING` deep, so this recursion is bounded)."""
+
+    def count(node: _Node) -> int:
+        own = 1 if node.leaf else sum(count(c) for c in node.children) + (
+            1 if node.op_params is not None or node.op_width is not None else 0)
+        return min(node.rep * own, MAX_LAYERS + 1)
+
+    return count(root)
+
+
 def _close(node: _Node) -> None:
     """Finish a node at its ``)``: a body of only arguments is a leaf (multi-line
     extra_repr); a container's own arguments are its op; MultiheadAttention's packed
@@ -319,7 +402,14 @@ def _close(node: _Node) -> None:
 def _max_positions(lines: list[str]) -> int | None:
     """A position-embedding table bounds the sequence length (a safe default)."""
     for line in lines:
-        m = re.search(r"\(\w*position\w*\):\s*Embedding\((\d+),", line)
-        if m:
-            return int(m.group(1))
+        if "position" not in line or "Embedding(" not in line:
+            continue
+        m = _POS_EMBEDDING.search(line)
+        if m and "position" in m.group(1) and len(m.group(2)) <= MAX_DIGITS:
+            return int(m.group(2))
     return None
+
+
+_POS_EMBEDDING = re.compile(r"\((\w*)\):\s*Embedding\((\d+),")
+r"""``(position_embeddings): Embedding(512, 768)``: the name is checked for "position"
+afterwards (``\w*position\w*`` in the pattern backtracked quadratically)."""

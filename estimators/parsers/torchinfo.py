@@ -26,6 +26,7 @@ from estimators.parsers._common import (
     parse_shapes,
     per_sample,
     split_brackets,
+    to_int,
 )
 
 _HEADER = re.compile(r"^\s*Layer \(type(?: \(var_name\))?(?::depth-idx)?\)")
@@ -88,7 +89,8 @@ def parse(text: str) -> ModelSummary:
         m = _ROW.match(line)
         if m is None:
             raise SummaryParseError("torchinfo: unreadable layer row", line_no=i + 1, line=line)
-        depth = int(m.group("depth")) if m.group("depth") else _tree_depth(m.group("tree"))
+        depth = (to_int(m.group("depth"), "depth", i + 1, line) if m.group("depth")
+                 else _tree_depth(m.group("tree")))
         try:
             toks = split_brackets(m.group("rest"))
         except ValueError as e:
