@@ -120,7 +120,10 @@ def _record_history(ctx: JobContext, cfg: CollocConfig, metrics: Any, result: Ep
         from slurm_colloc.metrics.summary import record_history
 
         ok = ctx.exit_code == "0:0" and result.cause == "none"
-        record_history(cfg, ctx.job_id, ctx.restarts, metrics, succeeded=ok)
+        outcome = record_history(cfg, ctx.job_id, ctx.restarts, metrics, succeeded=ok,
+                                 uid=ctx.uid)
+        if "unsafe" in outcome or "differs" in outcome:  # a site problem, not a job's
+            result.errors.append(f"history {outcome}")
     except Exception as e:  # noqa: BLE001 - history is an optimisation, never fatal
         result.errors.append(f"history not recorded: {e}")
 
