@@ -6,6 +6,7 @@ replaced by recorded answers); the MPS side runs the simulation's stand-in daemo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.control import PID_FILE, MpsDaemon, read_small_file
 from slurm_colloc.mps.tenancy import Tenancy, TenancyError
 from slurm_colloc.node import entry, epilog, prolog
 from slurm_colloc.node import job as jobmod
+from slurm_colloc.site.record import parse_record
 from slurm_colloc.slurm import adapter as ad
 from slurm_colloc.slurm.squeue_json import expand_output_path, parse_jobs
 
@@ -384,3 +388,47 @@ def test_the_server_side_cap_follows_the_users_total_on_the_gpu(tmp_path: Path) 
         t.write_job_env(job, {"COLLOC_LIMIT_MIB": str(mib)})
     t.write_job_env(3, {"COLLOC_LIMIT_MIB": "99999"})  # not on this GPU: not counted
     assert prolog.user_total_mib(cfg, t, 0, os.getuid()) == 6144
+
+
+# --- fuzzing the parsers on this trust boundary ---------------------------------------
+
+
+_json_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
+                         st.text(max_size=40))
+_json = st.recursive(_json_scalar, lambda c: st.one_of(
+    st.lists(c, max_size=4), st.dictionaries(st.text(max_size=10), c, max_size=4)), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from([*list(squeue_job()), "x"]), _json,
+                                max_size=12), max_size=5))
+def test_squeue_json_parser_never_raises_on_any_job_objects(jobs: list[dict[str, Any]]) -> None:
+    """Any JSON squeue could hold: parsed or dropped, nothing else escapes."""
+    parsed = parse_jobs(json.dumps({"jobs": jobs}))
+    for job in parsed.values():
+        assert isinstance(job.job_id, int) and job.job_id > 0
+        assert isinstance(job.admin_comment, str) and isinstance(job.tres_per_node, str)
+        try:
+            ctx = jobmod.context_from_job(job, {**ENV, "SLURM_JOB_ID": str(job.job_id),
+                                                "SLURM_JOB_UID": str(job.user_id)})
+        except jobmod.JobInfoError:
+            continue
+        assert ctx.shards >= 0 and ctx.gpu_count >= 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_squeue_json_parser_refuses_non_documents(text: str) -> None:
+    with contextlib.suppress(ValueError):
+        parse_jobs(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.from_regex(
+    r"colloc1:mode=(whole|shards|estimate),need_mib=\d{1,6000},shards=\d{1,3},"
+    r"shard_mib=\d{1,5}(,[a-z_]{1,8}=[a-z0-9._-]{0,9}){0,5}", fullmatch=True)))
+def test_colloc1_record_parser_is_total(text: str) -> None:
+    """The record root acts on: parsed or None, never an exception (5,000-digit ints too)."""
+    rec = parse_record(text)
+    if rec is not None:
+        assert rec.mode in ("estimate", "explicit", "default", "shards", "whole")
