@@ -137,7 +137,7 @@ def scontrol_view(job: SlurmJob) -> dict[str, Any]:
     code = job.exit_status
     return {
         "JobId": str(job.job_id), "JobName": job.name, "UserId": str(job.user_id),
-        "JobState": job.state, "Restarts": str(job.restarts),
+        "JobState": job.state, "Reason": job.reason, "Restarts": str(job.restarts),
         "TresPerNode": job.tres_per_node, "TresPerJob": job.tres_per_job,
         "TresPerTask": job.tres_per_task, "GRES": ",".join(job.gres_detail),
         "AdminComment": job.admin_comment, "Comment": job.comment,

@@ -56,6 +56,7 @@ class SlurmJob:
     user_id: int
     user_name: str
     state: str
+    reason: str
     restarts: int
     name: str
     tres_per_node: str
@@ -190,6 +191,7 @@ def job_from_json(d: Mapping[str, Any]) -> SlurmJob | None:
         user_id=uid,
         user_name=_str(d, "user_name"),
         state=_state(d),
+        reason=_str(d, "state_reason"),
         restarts=_int(d, "restart_cnt") or 0,
         name=_str(d, "name"),
         tres_per_node=_str(d, "tres_per_node"),

@@ -140,3 +140,16 @@ def test_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = Harness(estimator=Path("/nonexistent"))
     rc, opts = h.pre_submit({"colloc": str(s), "colloc-batch-size": "2"})
     assert rc == 0 and "mib=5," in opts.comment
+
+
+@pytest.mark.parametrize(("spank", "needle"), [
+    ({"colloc-batch-size": "4"}, "need --colloc=SUMMARY"),
+    ({"colloc-optimizer": "sgd", "colloc": "set"}, "need --colloc=SUMMARY"),
+    ({"colloc": "m.txt"}, "needs --colloc-batch-size"),
+])
+def test_option_combinations_fail_sbatch_here(spank: dict[str, str], needle: str) -> None:
+    """The SPANK plugin is loaded optional, so its own checks no longer fail sbatch:
+    the filter must refuse these itself (found by the e2e rejections after the change)."""
+    h = Harness(estimator=Path("/nonexistent"))
+    rc, _ = h.pre_submit(spank)
+    assert rc == -1 and needle in h.errors[0], h.errors

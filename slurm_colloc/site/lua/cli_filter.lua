@@ -124,10 +124,36 @@ function slurm_cli_setup_defaults(options, early_pass)
 	return slurm.SUCCESS
 end
 
+-- How the --colloc* options combine. Checked here, not (only) in the SPANK plugin:
+-- the plugin is loaded `optional` (a broken plugin must not fail every sbatch on the
+-- cluster), and Slurm ignores an optional plugin's errors.
+local EST_ARGS = { "colloc-batch-size", "colloc-seq-len", "colloc-optimizer",
+	"colloc-precision" }
+
+local function combination_error(o)
+	local summary = o["colloc"]
+	local has_summary = summary ~= nil and summary ~= "" and summary ~= "set"
+	local est_arg = false
+	for _, k in ipairs(EST_ARGS) do
+		if o[k] ~= nil then est_arg = true end
+	end
+	if est_arg and not has_summary and not o["colloc-mem"] then
+		return "--colloc-batch-size/--colloc-seq-len/--colloc-optimizer/--colloc-precision "
+			.. "need --colloc=SUMMARY"
+	end
+	if has_summary and not o["colloc-mem"] and not o["colloc-batch-size"] then
+		return "--colloc=SUMMARY needs --colloc-batch-size=N (or give the memory with "
+			.. "--colloc-mem=SIZE)"
+	end
+	return nil
+end
+
 function slurm_cli_pre_submit(options, pack_offset)
 	local sp = options["spank"]
 	local o = sp and sp["colloc"]
 	if type(o) ~= "table" then return slurm.SUCCESS end
+	local bad = combination_error(o)
+	if bad then return fail("%s", bad) end
 	if o["colloc-mem"] then return slurm.SUCCESS end -- explicit size: nothing to estimate
 	local summary = o["colloc"]
 	-- bare --colloc shows up as "set": no summary, job_submit gives the default
