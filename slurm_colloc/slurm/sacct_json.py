@@ -183,7 +183,9 @@ def parse(text: str, warn: Warn | None = None) -> list[AccountingRecord]:
         raise SlurmError("sacct --json: output has no 'jobs' list")
     errors = doc.get("errors")
     for err in errors if isinstance(errors, list) else ():
-        say(f"sacct reported: {_text(_get(err, ('error',)) or err)[:200]}")
+        msg = _text(_get(err, ("error",)) or err)[:200]
+        if "nothing found" not in msg.lower():  # a job slurmdbd has not heard of yet
+            say(f"sacct reported: {msg}")
     out = []
     for obj in jobs:
         try:
