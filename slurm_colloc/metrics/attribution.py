@@ -33,7 +33,7 @@ class JobTag:
     job_id: str
     attempt: int
     source: str
-    """``cgroup`` or ``environ``."""
+    """``cgroup``, ``environ`` or ``tenancy`` (the owner's MPS job on that GPU)."""
     uid: int
 
 
@@ -120,8 +120,11 @@ class Attributor:
         tag = tag_of(pid, self.proc)
         if tag is not None and tag.source == "environ" and self.uid_of_job is not None:
             owner = self.uid_of_job(tag.job_id)
-            if owner is not None and owner != tag.uid and tag.uid != 0:
-                tag = None  # a user's process claiming another user's job
+            if tag.uid != 0 and (owner is None or owner != tag.uid):
+                # a user's process claiming another user's job, or a job no prolog
+                # recorded here: unverified (the collector then asks root's MPS
+                # bookkeeping which job of this user runs on the GPU)
+                tag = None
         if tag is None:
             return None
         # negatives are not cached: a process caught between fork and exec still

@@ -39,7 +39,8 @@ from types import FrameType
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuSample
 from slurm_colloc.metrics import enforce, store
-from slurm_colloc.metrics.attribution import Attributor
+from slurm_colloc.metrics.attribution import Attributor, JobTag, start_ticks
+from slurm_colloc.mps.tenancy import Tenancy
 
 PID_FILE = store.PID_FILE
 GONE_AFTER_S = 5.0
@@ -74,6 +75,7 @@ class Collector:
         self.open: dict[Key, _Open] = {}
         self._energy: dict[int, tuple[float, float | None]] = {}
         self._uids: dict[str, int | None] = {}
+        self._unattributed: set[int] = set()
         self.last_job_seen = clock()
         self.enforcer = enforcer or enforce.Enforcer(cfg, clock=clock)
 
@@ -89,6 +91,33 @@ class Collector:
                 self._uids.clear()
             self._uids[job] = uid
         return self._uids[job]
+
+    def _by_tenancy(self, pid: int, gpu: int) -> tuple[int, JobTag] | None:
+        """A GPU process no job claims (or that claims a job it does not own).
+
+        Without proctrack/cgroup the job comes from the process's own environment,
+        which its owner controls: ``SLURM_JOB_ID=<another job>`` would hide its memory
+        from enforcement. Root's MPS bookkeeping (:mod:`slurm_colloc.mps.tenancy`)
+        says which jobs its owner has on this GPU; the memory is charged to the
+        newest of them, so mislabelling never escapes the owner's allocation.
+        """
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            return None
+        if uid == 0:
+            return None
+        jobs = Tenancy(Path(self.cfg.mps_root)).jobs_of(gpu, uid)
+        ticks = start_ticks(pid)
+        if not jobs or ticks is None:
+            if pid not in self._unattributed:
+                self._unattributed.add(pid)
+                log.warning("GPU %d: process %d of uid %d belongs to no GPU job on this node "
+                            "(a job using a GPU Slurm did not give it?)", gpu, pid, uid)
+            return None
+        job = str(max(jobs))
+        attempts = store.attempts_on_node(self.metrics_dir, job)
+        return ticks, JobTag(job, attempts[-1] if attempts else 0, "tenancy", uid)
 
     def _energy_delta(self, s: GpuSample) -> float:
         prev = self._energy.get(s.index)
@@ -116,7 +145,7 @@ class Collector:
             entries: list[enforce.Entry] = []
             for p in s.processes:
                 pids.add(p.pid)
-                ident = self.attributor.identity(p.pid)
+                ident = self.attributor.identity(p.pid) or self._by_tenancy(p.pid, s.index)
                 if ident is None:
                     continue
                 tag = ident[1]
@@ -142,6 +171,7 @@ class Collector:
                 self._add(k, row, now)
                 seen[k] = seen.get(k, 0) + mem
         self.attributor.forget_missing(pids)
+        self._unattributed &= pids
         if enforcing:
             self.enforcer.end_step()
         if seen:

@@ -493,3 +493,25 @@ def test_next_attempt_on_a_whole_gpu_is_not_held_to_the_old_limit(
     register(state, second.pid, 30000)
     steps(col, clock, 3)
     assert alive(second) and enforce.verdict_for(cfg, 810, 1) is None
+
+
+@as_root
+def test_a_process_claiming_another_job_is_charged_to_its_owners_job(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Issue 11 variant: without cgroups the job id comes from the process's own
+    environment; ``SLURM_JOB_ID=<a job with no record>`` hid the memory from
+    enforcement. Root's MPS bookkeeping names the owner's job on that GPU."""
+    from slurm_colloc.mps.tenancy import Tenancy
+
+    cfg, backend, state = make(tmp_path, mps_root=str(tmp_path / "mps"))
+    meta(cfg, 5, 1024)
+    Tenancy(tmp_path / "mps").add_job(0, JOB_UID, 5)
+    liar = spawn(procs, "999999")  # claims a job no prolog recorded
+    register(state, liar.pid, 8192)
+    clock = Clock()
+    col = Collector(cfg, backend, clock=clock)
+    steps(col, clock, 3)
+    v = enforce.verdict_for(cfg, 5, 0)
+    assert v is not None and v.kind == enforce.OVER_LIMIT and v.peak_mib == 8192
+    assert not alive(liar)
