@@ -179,3 +179,40 @@ def test_node_state_files_are_not_world_readable(cluster: Cluster) -> None:
             if log.exists():
                 modes.append(log.stat().st_mode & 0o007)
     assert modes and set(modes) == {0}, modes
+
+
+@pytest.mark.parametrize("escape", ["unset CUDA_MPS_PIPE_DIRECTORY",
+                                    "unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+def test_a_job_that_drops_its_cap_cannot_take_the_gpu(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path, users: None, escape: str
+) -> None:
+    """H2: the cap was cooperative; ``unset`` and one tenant took the GPU, and the
+    epilog then requeued its victims. Now the server-side limit (MPS) or the
+    collector (outside MPS) stops the offender and the victim runs on."""
+    from slurm_colloc.metrics import enforce
+
+    victim = sbatch(cluster, workdir, "colloc-simjob --mem 1G --seconds 25", "--gres=shard:2",
+                    user=VICTIM)
+    time.sleep(3)
+    gpu = (slurm.show_job(victim) or {}).get("GRES", "")
+    attacker = sbatch(cluster, workdir, f"{escape}\ncolloc-simjob --mem 20G --seconds 20",
+                      "--gres=shard:2", user=ATTACKER)
+    cfg = cfgmod.load(cluster.layout.colloc_conf)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        verdict = enforce.verdict_for(cfg, attacker, 0)
+        first = [ln for ln in _log(cluster).splitlines()
+                 if f"epilog: job {attacker}:" in ln]
+        if first or (verdict is not None and verdict.action == "killed"):
+            break
+        time.sleep(1)
+    if "PIPE_DIRECTORY" in escape:  # outside MPS: the collector saw and killed it
+        assert verdict is not None and verdict.action == "killed", (verdict, first)
+        assert verdict.peak_mib > 2048 and verdict.outside_mps
+    else:  # inside MPS: its user's server-side limit held, an ordinary GPU OOM at 2 GiB
+        assert first and "cause=gpu-oom" in first[0], first
+    slurm.cancel([attacker])
+    assert wait_for_jobs(slurm, [victim], timeout=90)[str(victim)] == "COMPLETED", gpu
+    info = slurm.show_job(victim) or {}
+    assert info.get("Restarts") == "0", info  # the victim was never requeued
+    assert node_state(cluster) in ("idle", "mix")
