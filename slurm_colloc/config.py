@@ -120,6 +120,12 @@ class CollocConfig:
     """Slack above a job's allocation before it counts as over its limit: NVML's
     per-process figure includes the CUDA context, which MPS's pinned limit does not
     count."""
+    gpu_hard_limit: bool = True
+    """Prolog: where the driver supports it (NVIDIA r615+, cgroup v2, not MIG), also put
+    a hard GPU memory limit (the job's allocation) on the job's cgroup, which holds even
+    for a process that bypasses MPS. Needs Slurm's cgroup/v2 with
+    ``PrologFlags=Contain`` so that the job's cgroup exists when the prolog runs.
+    Elsewhere nothing happens (the MPS + collector caps apply)."""
     enforce_samples: int = 2
     """Consecutive samples a job must be over its limit (or outside MPS) before the
     collector acts: detection takes this many ``sample_interval_s``."""

@@ -156,10 +156,39 @@ def run(
         # server side: a client that drops its own limit (env -i, --cleanenv) gets
         # its user's total share of this GPU, not the whole GPU (docs/node.md)
         daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
+    hard = hard_limit(ctx, cfg, gpu, limit)
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
-        detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}",
+        detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}; hard limit: {hard}",
     )
+
+
+def hard_limit(ctx: JobContext, cfg: CollocConfig, gpu: int, limit_mib: int) -> str:
+    """Hard per-cgroup GPU memory limit where the driver has it (issue 11, H2).
+
+    Never in the job's way: any failure is reported in the prolog's log line and the
+    MPS server-side limit plus the collector's enforcement remain.
+    """
+    if not cfg.gpu_hard_limit:
+        return "off in colloc.conf"
+    try:
+        from slurm_colloc.gpu.nvml import slurm_job_cgroup
+        from slurm_colloc.gpu.select import backend_from_config
+
+        backend = backend_from_config(cfg, with_dcgm=False)
+        try:
+            support = backend.hard_memory_limit_supported(gpu)
+            if not support.supported:
+                return f"unsupported ({support.reason})"
+            cgroup = slurm_job_cgroup(ctx.job_id)
+            if cgroup is None:
+                return "no job cgroup (cgroup/v2 and PrologFlags=Contain needed)"
+            res = backend.set_job_memory_limit(gpu, cgroup, limit_mib)
+            return f"{res.status} {res.detail}".strip()
+        finally:
+            backend.close()
+    except Exception as e:  # noqa: BLE001 - the hard limit is an extra layer, never fatal
+        return f"error ({type(e).__name__}: {e})"
 
 
 def start_metrics(ctx: JobContext, cfg: CollocConfig) -> None:

@@ -432,3 +432,44 @@ def test_colloc1_record_parser_is_total(text: str) -> None:
     rec = parse_record(text)
     if rec is not None:
         assert rec.mode in ("estimate", "explicit", "default", "shards", "whole")
+
+
+def test_the_prolog_puts_a_hard_cgroup_limit_where_the_driver_has_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """H2 where r615+ exists: a cap that holds even for a job that bypasses MPS."""
+    from slurm_colloc.gpu import backend as gb
+    from slurm_colloc.gpu import nvml, select
+
+    calls: list[tuple[int, str, int]] = []
+
+    class Fake:
+        def __init__(self, ok: bool) -> None:
+            self.ok = ok
+
+        def hard_memory_limit_supported(self, index: int) -> gb.HardLimitSupport:
+            return gb.HardLimitSupport(self.ok, "driver r610: no memory limits")
+
+        def set_job_memory_limit(self, index: int, cg: str, hard: int,
+                                 soft: int = 0) -> gb.LimitResult:
+            calls.append((index, cg, hard))
+            return gb.LimitResult(True, "set", "")
+
+        def close(self) -> None:
+            pass
+
+    ctx = jobmod.context_from_job(parse_jobs(json.dumps({"jobs": [squeue_job()]}))[7], ENV)
+    cfg = _cfg(tmp_path)
+    monkeypatch.setattr(nvml, "slurm_job_cgroup", lambda job: f"/sys/fs/cgroup/job_{job}")
+    monkeypatch.setattr(select, "backend_from_config", lambda c, with_dcgm=True: Fake(True))
+    assert prolog.hard_limit(ctx, cfg, 0, 2048) == "set"
+    assert calls == [(0, "/sys/fs/cgroup/job_7", 2048)]
+    monkeypatch.setattr(select, "backend_from_config", lambda c, with_dcgm=True: Fake(False))
+    assert prolog.hard_limit(ctx, cfg, 0, 2048).startswith("unsupported")
+
+    def boom(c: CollocConfig, with_dcgm: bool = True) -> Fake:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(select, "backend_from_config", boom)
+    assert prolog.hard_limit(ctx, cfg, 0, 2048).startswith("error")  # never fatal
+    assert len(calls) == 1
