@@ -34,6 +34,12 @@ whole GPUs for good). Therefore:
 * **Old databases** (schema 1: table ``peaks`` without a uid) hold rows of unknown
   owner that anyone could have poisoned: they are left in the file untouched and
   never read; new rows go to table ``peaks_v2``.
+* **Readers never hold the writer's file.** Root writes a private database
+  (``<history_db>.rw``, 0600) and after each write publishes a snapshot at
+  ``history_db`` (0644, atomic rename) that users read. Before, any user could hold a
+  read lock on the one shared file (``BEGIN; SELECT ...`` left open, or a POSIX lock
+  on sqlite's lock bytes) and make every epilog's write fail with "database is
+  locked" (issue 11 review). A snapshot a reader keeps open is simply an old inode.
 * **File trust.** The database is written by root and read by users at sbatch time.
   A reader uses it only when the file and its directory are owned by root or the
   reader and are writable by nobody else (group/other write bits clear), and opens it
@@ -44,6 +50,7 @@ whole GPUs for good). Therefore:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import stat
@@ -218,7 +225,8 @@ class SqliteHistory:
         owner = self.uid if uid is None else int(uid)
         self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         self._check_writable_safely()
-        con = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, timeout=2.0)
+        rw = self._private()
+        con = sqlite3.connect(f"file:{rw}?mode=rw", uri=True, timeout=2.0)
         try:
             with con:
                 con.execute(_SCHEMA)
@@ -236,5 +244,50 @@ class SqliteHistory:
                     (owner, fingerprint.lower(), batch_size, seq_len or 0, optimizer, precision,
                      int(peak_mib), job_id, attempt, job_id, attempt, fp_source, time.time()),
                 )
+            self._publish(con)
         finally:
             con.close()
+
+    @property
+    def private_path(self) -> Path:
+        """Root's own database; users read the snapshot at :attr:`path`."""
+        return self.path.with_name(self.path.name + ".rw")
+
+    def _private(self) -> Path:
+        """The writer's file (root 0600), started from the published one if any."""
+        rw = self.private_path
+        try:
+            st = os.lstat(rw)
+        except FileNotFoundError:
+            fd = os.open(rw, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            os.fchmod(fd, 0o600)
+            os.close(fd)
+            if os.path.getsize(self.path) if self.path.is_file() else 0:
+                src = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=2.0)
+                dst = sqlite3.connect(f"file:{rw}?mode=rw", uri=True)
+                try:
+                    src.backup(dst)  # carry the rows written before the split
+                finally:
+                    src.close()
+                    dst.close()
+            return rw
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise HistoryUnsafe(f"history db {rw} is not root's private regular file")
+        return rw
+
+    def _publish(self, con: sqlite3.Connection) -> None:
+        """Atomically replace the readers' snapshot (0644) with the current database."""
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        os.fchmod(fd, 0o644)
+        os.close(fd)
+        out = sqlite3.connect(f"file:{tmp}?mode=rw", uri=True)
+        try:
+            con.backup(out)
+        finally:
+            out.close()
+        os.replace(tmp, self.path)

@@ -3,12 +3,18 @@
 NVML (and the sim backend) name GPU processes by pid only. The collector runs as
 root and asks, in order of trust:
 
-1. the process's cgroup (``/proc/<pid>/cgroup`` containing ``/job_<id>/``, the layout
-   of Slurm's cgroup plugins): set by slurmstepd, not by the user;
+1. the process's cgroup, only in the layouts Slurm's own cgroup plugins make
+   (v2 ``0::/system.slice/[<node>_]slurmstepd.scope/job_<id>/...``, v1
+   ``.../slurm[_<node>]/uid_<uid>/job_<id>/...`` with ``uid`` the process's owner): set by
+   slurmstepd, not by the user. A ``job_<id>`` anywhere else (a user can make one in a
+   cgroup subtree delegated to them) is ignored;
 2. its environment (``/proc/<pid>/environ``: ``SLURM_JOB_ID``,
    ``SLURM_RESTART_COUNT``): works with ``proctrack/linuxproc`` (the devcluster), but
-   a user can change it, so when the prolog's meta names the job's uid the process
-   must belong to that uid or it is not attributed.
+   a user can change it.
+
+Whatever the source, the job's owner (the prolog's meta) must be the process's owner
+(root's own processes aside), or the process is not attributed; the collector then
+also requires that the job is live on that GPU (:mod:`.collector`).
 
 Answers are cached per (pid, start time), so pid reuse never inherits an old answer
 and each process's files are read once. Reads are bounded; nothing follows links.
@@ -23,7 +29,21 @@ from dataclasses import dataclass
 
 MAX_ENVIRON = 256 * 1024
 MAX_CGROUP = 16 * 1024
-_CG_JOB = re.compile(rb"/job_(\d{1,12})(?:/|$)", re.MULTILINE)
+_CG_V2 = re.compile(
+    rb"^0::/system\.slice/(?:[\w.-]+_)?slurmstepd\.scope/job_(\d{1,12})(?:/|$)")
+_CG_V1 = re.compile(rb"^\d+:[\w,=]*:/slurm(?:_[\w.-]+)?/uid_(\d{1,10})/job_(\d{1,12})(?:/|$)")
+
+
+def slurm_cgroup_job(cgroup: bytes, uid: int) -> str | None:
+    """The job of a ``/proc/<pid>/cgroup`` text, only in Slurm's own layouts."""
+    for line in cgroup.splitlines():
+        m = _CG_V2.match(line)
+        if m:
+            return m.group(1).decode()
+        m1 = _CG_V1.match(line)
+        if m1 and int(m1.group(1)) == uid:
+            return m1.group(2).decode()
+    return None
 
 
 @dataclass(frozen=True)
@@ -79,9 +99,9 @@ def tag_of(pid: int, proc: str = "/proc") -> JobTag | None:
     restarts = _env_value(environ, b"SLURM_RESTART_COUNT")
     attempt = int(restarts) if restarts and restarts.isdigit() else 0
     cg = _read(f"{proc}/{pid}/cgroup", MAX_CGROUP) or b""
-    m = _CG_JOB.search(cg)
-    if m:
-        return JobTag(m.group(1).decode(), attempt, "cgroup", uid)
+    cg_job = slurm_cgroup_job(cg, uid)
+    if cg_job:
+        return JobTag(cg_job, attempt, "cgroup", uid)
     job = _env_value(environ, b"SLURM_JOB_ID")
     if job and job.isdigit() and len(job) <= 12:
         return JobTag(job, attempt, "environ", uid)
@@ -118,7 +138,7 @@ class Attributor:
         if hit is not None and hit[0] == ticks:
             return None if hit[1] is None else (ticks, hit[1])
         tag = tag_of(pid, self.proc)
-        if tag is not None and tag.source == "environ" and self.uid_of_job is not None:
+        if tag is not None and self.uid_of_job is not None:
             owner = self.uid_of_job(tag.job_id)
             if tag.uid != 0 and (owner is None or owner != tag.uid):
                 # a user's process claiming another user's job, or a job no prolog

@@ -76,6 +76,7 @@ class Collector:
         self._energy: dict[int, tuple[float, float | None]] = {}
         self._uids: dict[str, int | None] = {}
         self._unattributed: set[int] = set()
+        self._tenancy_cache: dict[tuple[int, int], list[int]] = {}
         self.last_job_seen = clock()
         self.enforcer = enforcer or enforce.Enforcer(cfg, clock=clock)
 
@@ -92,6 +93,30 @@ class Collector:
             self._uids[job] = uid
         return self._uids[job]
 
+    def _mps_jobs(self, gpu: int, uid: int) -> list[int]:
+        """uid's MPS jobs on ``gpu`` from root's bookkeeping (cached for one step)."""
+        key = (gpu, uid)
+        if key not in self._tenancy_cache:
+            self._tenancy_cache[key] = Tenancy(Path(self.cfg.mps_root)).jobs_of(gpu, uid)
+        return self._tenancy_cache[key]
+
+    def _held_to_mps_job(self, ident: tuple[int, JobTag], gpu: int) -> tuple[int, JobTag]:
+        """A process of a user with MPS jobs on this GPU counts against one of them.
+
+        Its own claim (environment, or a job of the same user elsewhere or long
+        finished, with no limit or a larger one) must not take it out of its
+        allocation: only a job root registered on this GPU for that user is accepted.
+        """
+        ticks, tag = ident
+        if tag.uid == 0:
+            return ident
+        mine = self._mps_jobs(gpu, tag.uid)
+        if not mine or (tag.job_id.isdigit() and int(tag.job_id) in mine):
+            return ident
+        job = str(max(mine))
+        attempts = store.attempts_on_node(self.metrics_dir, job)
+        return ticks, JobTag(job, attempts[-1] if attempts else 0, "tenancy", tag.uid)
+
     def _by_tenancy(self, pid: int, gpu: int) -> tuple[int, JobTag] | None:
         """A GPU process no job claims (or that claims a job it does not own).
 
@@ -107,7 +132,7 @@ class Collector:
             return None
         if uid == 0:
             return None
-        jobs = Tenancy(Path(self.cfg.mps_root)).jobs_of(gpu, uid)
+        jobs = self._mps_jobs(gpu, uid)
         ticks = start_ticks(pid)
         if not jobs or ticks is None:
             if pid not in self._unattributed:
@@ -137,6 +162,7 @@ class Collector:
         seen: dict[Key, int] = {}
         pids: set[int] = set()
         enforcing = self.enforcer.active
+        self._tenancy_cache.clear()
         if enforcing:
             self.enforcer.begin_step()
         for s in self.backend.sample_all():
@@ -148,6 +174,7 @@ class Collector:
                 ident = self.attributor.identity(p.pid) or self._by_tenancy(p.pid, s.index)
                 if ident is None:
                     continue
+                ident = self._held_to_mps_job(ident, s.index)
                 tag = ident[1]
                 entries.append((p, ident[0], tag))
                 k = (tag.job_id, tag.attempt)

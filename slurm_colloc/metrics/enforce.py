@@ -424,6 +424,9 @@ class Enforcer:
         meta = self._meta_of(job)
         if meta is None or meta.limit_mib is None:
             return None  # not a shard job (whole GPU), or no prolog record: no limit
+        # a process of another uid attributed to the job is an attribution error,
+        # never the job's memory (and never a reason to kill the job's processes)
+        procs = [e for e in procs if e[2].uid in (meta.uid, 0)]
         used = sum(p.used_mib for p, _, _ in procs)
         over = cfg.enforce_over_limit != "off" and (
             used > meta.limit_mib + cfg.enforce_tolerance_mib

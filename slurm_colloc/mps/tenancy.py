@@ -142,11 +142,19 @@ class Tenancy:
         return pipe, log
 
     def hand_pipe_dir_to(self, gpu: int, uid: int, gid: int) -> None:
-        """After the daemon made its socket: let the job's user (only) reach it."""
-        os.chown(self.pipe_dir(gpu, uid), uid, gid, follow_symlinks=False)
-        for entry in os.scandir(self.pipe_dir(gpu, uid)):
-            if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+        """After the daemon made its socket: let the job's user (only) reach it.
+
+        The sockets are handed over first, while the directory is still root's (so
+        nothing in it can have been put there by the user: a hard link to another
+        service's root socket would otherwise be chowned to the user), and only
+        sockets root's daemon made (root-owned, one link).
+        """
+        pipe = self.pipe_dir(gpu, uid)
+        for entry in os.scandir(pipe):
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
                 os.chown(entry.path, uid, gid, follow_symlinks=False)
+        os.chown(pipe, uid, gid, follow_symlinks=False)
 
     def add_job(self, gpu: int, uid: int, job_id: int) -> None:
         marker = ensure_root_dir(self.user_dir(gpu, uid) / "jobs") / str(job_id)

@@ -18,7 +18,9 @@ The rules (issue 11, M1), for code that runs as root on a path the user chose:
   itself. The user's process never writes into the evidence tree.
 * **Private, and not the user's to fill.** The attempt directory belongs to root
   (``0750``, group = the user's primary group) so the user cannot add to root's disk
-  use; each copy belongs to the user, mode ``0600``: readable by them and nobody else.
+  use; each copy is root's too, group = the user's primary group, mode ``0640``: the
+  user reads it but cannot grow it, rewrite it or keep it alive with a hard link
+  (a user-owned copy allowed all three: found by the issue 11 review).
 * **Pruned.** Each :func:`keep` deletes evidence older than :data:`RETENTION_S` and
   then the user's oldest attempts beyond :data:`MAX_BYTES_PER_USER`. Pruning never
   follows a symlink (``lstat`` only; ``shutil.rmtree`` is fd-based on Linux), so the
@@ -98,7 +100,10 @@ def _copy_one(src: str, target: Path, uid: int, gid: int, max_bytes: int) -> Non
             target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         try:
-            os.fchown(out, uid, gid)
+            # root:gid 0640: the user reads the evidence but can neither grow it on
+            # root's file system, nor rewrite it, nor keep it alive by a hard link
+            os.fchown(out, os.geteuid(), gid)
+            os.fchmod(out, 0o640)
             copy_tail_fd(fd, out, max_bytes)
         finally:
             os.close(out)
