@@ -21,7 +21,9 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -231,9 +233,31 @@ class MpsDaemon:
         except OSError:
             return False
 
+    def _socket_is_ours(self) -> bool:
+        """The control socket answers as our daemon (``SO_PEERCRED``: its pid, root).
+
+        The pipe directory is the user's: ``control`` may have been replaced by the
+        user's own listener (every root command to it would then wait out its timeout
+        under the GPU lock) or by a link to another service's socket.
+        """
+        ident = self.identity()
+        if ident is None or not self._socket_present():
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(1.0)
+            sock.connect(str(self.pipe_dir / CONTROL_SOCKET))
+            pid, uid, _ = struct.unpack(
+                "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except OSError:
+            return False
+        finally:
+            sock.close()
+        return pid == ident.pid and uid == os.geteuid() and ident.matches()
+
     def running(self) -> bool:
-        """Our daemon lives and its control socket is there (a job may delete it)."""
-        return self.pid() is not None and self._socket_present()
+        """Our daemon lives and answers on its control socket (a job may replace it)."""
+        return self.pid() is not None and self._socket_is_ours()
 
     # --- life cycle ---------------------------------------------------------------
     def start(self, timeout: float = 10) -> None:
@@ -286,7 +310,13 @@ class MpsDaemon:
         return ident if ident.matches() else None
 
     def command(self, *lines: str, timeout: float = 10) -> str:
-        """Send commands on stdin (one per line); return what the daemon printed."""
+        """Send commands on stdin (one per line); return what the daemon printed.
+
+        Refused at once (no timeout wait) when the control socket is not our daemon's.
+        """
+        if not self._socket_is_ours():
+            raise MpsControlError(
+                f"MPS control socket in {self.pipe_dir} is not our daemon's: not used")
         try:
             cp = subprocess.run(
                 [self.binary], input="".join(f"{ln}\n" for ln in lines), env=self._env(),
@@ -351,9 +381,11 @@ class MpsDaemon:
             self._remove_socket()
             return []
         servers = self._servers(ident.pid)
-        with contextlib.suppress(MpsControlError):
+        try:
             self.command("quit", timeout=timeout)
-        deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + timeout
+        except MpsControlError:
+            deadline = time.monotonic()  # no polite way: straight to the signals
         while time.monotonic() < deadline and (
             ident.matches() or any(s.matches() for s in servers)
         ):

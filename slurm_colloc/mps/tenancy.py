@@ -74,6 +74,24 @@ def ensure_root_dir(path: Path, mode: int = 0o755) -> Path:
     return path
 
 
+def private_group(uid: int) -> int | None:
+    """The user's primary gid when it is a group of that user alone, else None.
+
+    Group-readable state (the MPS logs) is readable by the user's group: only a
+    private group ("user private groups", Debian's default) keeps it the user's.
+    """
+    import grp
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(uid)
+        gr = grp.getgrgid(pw.pw_gid)
+    except KeyError:
+        return None
+    others = [m for m in gr.gr_mem if m != pw.pw_name]
+    return pw.pw_gid if gr.gr_name == pw.pw_name and not others else None
+
+
 @dataclass(frozen=True)
 class Tenancy:
     """The per-node MPS bookkeeping rooted at ``root`` (``CollocConfig.mps_root``)."""
@@ -133,11 +151,10 @@ class Tenancy:
         if pipe.is_symlink() or pipe.exists():
             shutil.rmtree(pipe) if pipe.is_dir() and not pipe.is_symlink() else pipe.unlink()
         ensure_root_dir(pipe, 0o700)
-        log = ensure_root_dir(self.log_dir(gpu, uid), 0o750)
-        with contextlib.suppress(KeyError):
-            import pwd
-
-            os.chown(log, os.geteuid(), pwd.getpwuid(uid).pw_gid, follow_symlinks=False)
+        private = private_group(uid)
+        log = ensure_root_dir(self.log_dir(gpu, uid), 0o750 if private is not None else 0o700)
+        if private is not None:
+            os.chown(log, os.geteuid(), private, follow_symlinks=False)
         ensure_root_dir(self.user_dir(gpu, uid) / "jobs")
         return pipe, log
 

@@ -25,8 +25,9 @@ from slurm_colloc.slurm.adapter import SlurmAdapter
 from slurm_colloc.slurm.squeue_json import SlurmJob, parse_indices
 
 _GRES_IDX = re.compile(r"\b(gpu|shard)(?::[^:(\s]+)?:(\d{1,9})\(IDX:([0-9,\-]{1,200})\)")
-_TRES_SHARD = re.compile(r"gres[:/]shard(?::[^:,\s]+)?[:=](\d{1,9})\b")
-_TRES_GPU = re.compile(r"gres[:/]gpu(?::[^:,\s]+)?[:=](\d{1,9})\b")
+_TRES_SHARD = re.compile(r"gres[:/]shard(?::[^:,\s]+)?[:=](\d{1,9})([kKmMgG]?)\b")
+_TRES_GPU = re.compile(r"gres[:/]gpu(?::[^:,\s]+)?[:=](\d{1,9})([kKmMgG]?)\b")
+_COUNT_MULT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
 class JobInfoError(ValueError):
@@ -135,10 +136,12 @@ def _env_gpus(env: Mapping[str, str]) -> tuple[int, ...] | None:
 
 
 def _count(pattern: re.Pattern[str], *texts: str) -> int:
+    """Largest count asked (Slurm accepts k/m/g suffixes on gres counts, as does
+    job_submit.lua: ``shard:2k`` must not read as "no shards", i.e. not shared)."""
     total = 0
     for t in texts:
         for m in pattern.finditer(t):
-            total = max(total, int(m.group(1)))
+            total = max(total, int(m.group(1)) * _COUNT_MULT[m.group(2).lower()])
     return total
 
 

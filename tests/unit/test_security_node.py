@@ -251,7 +251,27 @@ def test_state_modes_do_not_depend_on_the_umask(tmp_path: Path) -> None:
     assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == 1234
     assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o755
     assert stat.S_IMODE(t.root.stat().st_mode) == 0o755
-    assert stat.S_IMODE(t.log_dir(0, 4242).stat().st_mode) == 0o750  # not world-readable
+    # not world-readable; group-readable only through a group of that user alone
+    assert stat.S_IMODE(t.log_dir(0, 4242).stat().st_mode) == 0o700
+
+
+def test_mps_logs_are_group_readable_only_for_a_private_group(tmp_path: Path) -> None:
+    """Review variant E: 0750 root:gid leaks the logs where users share a group."""
+    import grp
+    import pwd
+
+    from slurm_colloc.mps.tenancy import private_group
+
+    t = Tenancy(tmp_path / "mps")
+    for pw in pwd.getpwall():
+        gr = grp.getgrgid(pw.pw_gid) if pw.pw_gid in {g.gr_gid for g in grp.getgrall()} else None
+        if gr is None or pw.pw_uid == 0:
+            continue
+        t.prepare_user_dirs(0, pw.pw_uid)
+        mode = stat.S_IMODE(t.log_dir(0, pw.pw_uid).stat().st_mode)
+        assert mode == (0o750 if private_group(pw.pw_uid) is not None else 0o700), pw
+    nobody = pwd.getpwnam("nobody")  # primary group nogroup: shared, not private
+    assert private_group(nobody.pw_uid) is None
 
 
 def test_the_gpu_lock_has_a_deadline(tmp_path: Path) -> None:
@@ -473,3 +493,36 @@ def test_the_prolog_puts_a_hard_cgroup_limit_where_the_driver_has_one(
     monkeypatch.setattr(select, "backend_from_config", boom)
     assert prolog.hard_limit(ctx, cfg, 0, 2048).startswith("error")  # never fatal
     assert len(calls) == 1
+
+
+def test_a_fake_control_socket_is_never_talked_to_and_never_stalls_root(
+    tmp_path: Path,
+) -> None:
+    """Review variant A: the job put its own silent listener at ``control``; every root
+    MPS command then waited out its timeout under the GPU lock (stop: about 34 s)."""
+    import socket as so
+
+    _, d = _daemon(tmp_path)
+    d.start()
+    real = d.pid()
+    fake = so.socket(so.AF_UNIX)
+    try:
+        (d.pipe_dir / "control").unlink()
+        fake.bind(str(d.pipe_dir / "control"))
+        fake.listen(8)  # accepts, never answers
+        assert not d.running()
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="not our daemon"):
+            d.command("get_server_list")
+        d.stop()
+        assert time.monotonic() - t0 < 6, "root waited on the user's socket"
+        assert real is not None and not _alive(real)
+    finally:
+        fake.close()
+        d.stop()
+
+
+def test_gres_count_suffixes_are_read_like_job_submit_reads_them() -> None:
+    """Review variant D: ``shard:2k`` read as 0 shards made the job 'not shared'."""
+    job = parse_jobs(json.dumps({"jobs": [squeue_job(tres_per_node="gres:shard:2k")]}))[7]
+    assert jobmod.context_from_job(job, ENV).shards == 2048
