@@ -27,6 +27,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slurm_colloc import procfs
+
 MAX_ENVIRON = 256 * 1024
 MAX_CGROUP = 16 * 1024
 _CG_V2 = re.compile(
@@ -57,29 +59,8 @@ class JobTag:
     uid: int
 
 
-def _read(path: str, limit: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def start_ticks(pid: int, proc: str = "/proc") -> int | None:
-    """Process start time (field 22 of stat), None if the process is gone."""
-    raw = _read(f"{proc}/{pid}/stat", 4096)
-    if not raw:
-        return None
-    rest = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
+_read = procfs.read
+start_ticks = procfs.start_ticks
 
 
 def _env_value(environ: bytes, key: bytes) -> str | None:

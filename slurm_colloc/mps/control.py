@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm_colloc import procfs
+
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
 STATE_FILE = "daemon.json"
@@ -62,32 +64,11 @@ def read_small_file(path: Path, *, owner: int | None = 0, limit: int = MAX_SMALL
 
 
 def _proc_read(pid: int, name: str, limit: int = 1 << 16) -> bytes | None:
-    try:
-        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return procfs.read(f"/proc/{pid}/{name}", limit)
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    raw = _proc_read(pid, "stat", 4096)
-    if not raw or b")" not in raw:
-        return None
-    return raw[raw.rfind(b")") + 2:].split()
-
-
-def proc_start_ticks(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (stat field 22): with the pid, a unique identity."""
-    fields = _stat_fields(pid)
-    try:
-        return int(fields[19]) if fields else None
-    except (IndexError, ValueError):
-        return None
+proc_start_ticks = procfs.start_ticks
+_stat_fields = procfs.stat_fields
 
 
 def proc_parent(pid: int) -> int | None:
