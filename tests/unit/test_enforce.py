@@ -14,7 +14,6 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,30 +23,13 @@ from slurm_colloc.gpu.sim.backend import SimBackend
 from slurm_colloc.gpu.sim.state import ProcRecord, init_state, process_start_ticks, write_record
 from slurm_colloc.metrics import enforce, store
 from slurm_colloc.metrics.collector import Collector
+from tests.unit.conftest import Clock
 
 ROOT_RUN = os.geteuid() == 0
 NOBODY = 65534
 JOB_UID = NOBODY if ROOT_RUN else os.getuid()
 """The uid job processes run as: never root (root's processes are never signalled)."""
 as_root = pytest.mark.skipif(not ROOT_RUN, reason="needs root to run processes as other users")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 2_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
 
 
 def spawn(procs: list[subprocess.Popen[bytes]], job: str, uid: int | None = JOB_UID,

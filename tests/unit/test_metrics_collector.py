@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,23 +19,7 @@ from slurm_colloc.metrics.attribution import Attributor, tag_of
 from slurm_colloc.metrics.collector import Collector, acquire_lock
 from slurm_colloc.metrics.launch import collector_running
 from slurm_colloc.metrics.summary import job_summary
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        p.kill()
-        p.wait()
+from tests.unit.conftest import Clock
 
 
 def spawn(procs: list[subprocess.Popen[bytes]], env: dict[str, str]) -> int:
@@ -99,7 +82,7 @@ def test_three_jobs_on_one_gpu_are_attributed_separately(
     register(state, b, 0, 6000)
     register(state, c, 1, 2000)
     register(state, stray, 0, 500)
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     col = Collector(cfg, backend, clock=clock)
     for _ in range(5):
         seen = col.step()
@@ -129,7 +112,7 @@ def test_peak_survives_compaction_and_rows_stay_bounded(
 ) -> None:
     cfg, backend, state = make(tmp_path)
     pid = spawn(procs, {"SLURM_JOB_ID": "7"})
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     col = Collector(cfg, backend, clock=clock)
     for i in range(200):
         register(state, pid, 0, 12000 if i == 37 else 1000 + i)
@@ -150,7 +133,7 @@ def test_job_that_leaves_is_closed_and_tenants_change_over_time(
     cfg, backend, state = make(tmp_path)
     a = spawn(procs, {"SLURM_JOB_ID": "11"})
     register(state, a, 0, 1000)
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     col = Collector(cfg, backend, clock=clock)
     col.step()
     b_proc = procs  # job 12 arrives, then leaves
@@ -229,7 +212,7 @@ def test_enforcement_rides_on_the_same_sample(
     register(state, pid, 0, 6000)
     store.write_meta(cfg.metrics_dir, store.JobMeta(job_id=31, attempt=0, uid=os.getuid(),
                                                     gpus=(0,), limit_mib=2048, shards=2))
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     col = Collector(cfg, backend, clock=clock)
     for _ in range(3):
         assert col.step() == {("31", 0): 6000}

@@ -18,8 +18,6 @@ import sqlite3
 import stat
 import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,8 @@ from slurm_colloc.metrics import enforce, store
 from slurm_colloc.metrics.attribution import Attributor
 from slurm_colloc.metrics.collector import Collector
 from slurm_colloc.mps.tenancy import Tenancy
+from tests.unit.conftest import Clock
+from tests.unit.test_enforce import alive, spawn
 
 ROOT_RUN = os.geteuid() == 0
 NOBODY = 65534
@@ -39,39 +39,8 @@ JOB_UID = NOBODY if ROOT_RUN else os.getuid()
 as_root = pytest.mark.skipif(not ROOT_RUN, reason="needs root to run processes as other users")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 2_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-
-
-def _spawn(procs: list[subprocess.Popen[bytes]], job: str, uid: int = JOB_UID
-           ) -> subprocess.Popen[bytes]:
-    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job}
-    kw = {"user": uid} if uid != os.getuid() else {}
-    p = subprocess.Popen(["sleep", "60"], env=env, **kw)  # type: ignore[call-overload]
-    procs.append(p)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if b"sleep" in Path(f"/proc/{p.pid}/cmdline").read_bytes():
-                break
-        except OSError:
-            pass
-        time.sleep(0.01)
-    return p
+def _spawn(procs: list[subprocess.Popen[bytes]], job: str) -> subprocess.Popen[bytes]:
+    return spawn(procs, job)
 
 
 def _register(state: Path, pid: int, mib: int, *, mps: bool, gpu: int) -> None:
@@ -89,8 +58,7 @@ def _meta(cfg: CollocConfig, job: int, limit: int | None, gpus: tuple[int, ...],
 
 
 def _alive(p: subprocess.Popen[bytes]) -> bool:
-    time.sleep(0.05)
-    return p.poll() is None
+    return alive(p)
 
 
 # ------------------------------------------------------------------------------------
