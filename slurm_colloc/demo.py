@@ -11,6 +11,9 @@ Scenes (each uses the real sbatch/slurmctld/slurmd/slurmdbd and colloc's node sc
 3. ``colloc-report`` for a collocated job and for the recovered one.
 4. The estimate for the next runs of the resnet50 job at three batch sizes, from its
    summary alone and with the peak the epilog filed in the estimator history.
+5. Safety: an unprivileged user tries the two attacks of issue 11 (a forged
+   AdminComment in ``--comment``; another user's pid planted in the MPS pipe
+   directory). The job stays capped, the other user's process lives.
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ def run(console: Console, root: Path | None = None) -> int:
         console.print(f"[bold red]Not every job completed[/]: {final}; "
                       f"see {cluster.layout.log}/colloc.log")
     _final_reports(console, cluster, cfg, ids)
+    ok = _safety_scene(console, cluster, slurm, workdir) and ok
     console.print("\nUse the cluster yourself:  eval \"$(.venv/bin/colloc devcluster env)\"; "
                   "squeue; sacct\nStop it:                   .venv/bin/colloc devcluster down"
                   "\nWhat it buys at scale:     .venv/bin/python benchmarks/replay.py --trace "
@@ -215,6 +219,66 @@ def _history_scene(console: Console, cfg: cfgmod.CollocConfig) -> None:
         table.add_row(str(batch), f"{cold.estimate_mib / 1024:.1f} GiB",
                       f"{warm.estimate_mib / 1024:.1f} GiB", warm.estimator)
     console.print(table)
-    console.print("The epilog filed the measured peak under the summary's fingerprint; "
+    console.print("The epilog filed the measured peak under your uid and the summary's "
+                  "fingerprint (other users' peaks never count); "
                   "`sbatch --colloc=SUMMARY` at any batch size now asks for that much "
                   "(docs/estimators.md, \"History\").")
+
+
+FORGED = "colloc1:mode=whole,need_mib=40960,shards=40,shard_mib=1024,alloc_mib=40960"
+
+
+def _safety_scene(console: Console, cluster: Cluster, slurm: SlurmCli, workdir: Path) -> bool:
+    """Scene 5: what an unprivileged user cannot make root do (docs/security.md)."""
+    user, other = "colloc-demo-u1", "colloc-demo-u2"
+    console.rule("Scene 5: an unprivileged user tries to steer root")
+    for u in (user, other):
+        subprocess.run(["useradd", "--system", "--no-create-home", u], capture_output=True,
+                       check=False)
+        cluster.add_user(u)
+    victim = subprocess.Popen(["runuser", "-u", other, "--", "sleep", "120"])
+    time.sleep(0.3)
+    kids = Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()
+    vpid = int(kids[0]) if kids else victim.pid
+    pid_file = "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+    workdir.chmod(0o755)
+    workdir = workdir / "attack"
+    workdir.mkdir(exist_ok=True)
+    workdir.chmod(0o1777)  # the user's job writes its output here
+    script = workdir / "attack.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        'echo "my MPS memory limit: $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"\n'
+        "colloc-simjob --mem 1G --seconds 2 >/dev/null\n"
+        f'rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" {pid_file}; echo {vpid} > {pid_file}\n')
+    script.chmod(0o755)
+    console.print(f"  {user} submits a 2 GiB job whose comment claims a whole GPU "
+                  f"([dim]AdminComment={FORGED}[/]),\n  and which writes {other}'s pid {vpid} "
+                  "into root's pid file in its MPS pipe directory.")
+    cp = subprocess.run(
+        ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--chdir={workdir}",
+         f"--output={workdir}/attack-%j.out", "--colloc-mem=2G",
+         f"--comment=x AdminComment={FORGED}", str(script)],
+        env=cluster.env(), capture_output=True, text=True, check=False)
+    try:
+        job = int(cp.stdout.strip().split(";")[0])
+        deadline = time.monotonic() + 90
+        while job_state(slurm, job) not in ("COMPLETED", "FAILED", "CANCELLED"):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        time.sleep(2)  # the epilog
+        out = (workdir / f"attack-{job}.out").read_text().strip()
+        alive = victim.poll() is None
+    except (ValueError, OSError) as e:
+        console.print(f"  [red]the scene could not run: {e} {cp.stderr.strip()}[/]")
+        return False
+    finally:
+        victim.kill()
+    capped = "0=2048M" in out
+    console.print(f"  job {job}: [{'green' if capped else 'red'}]{out}[/] "
+                  "(the prolog read Slurm's JSON record, not the comment's text)")
+    console.print(f"  {other}'s process {vpid} after the epilog: "
+                  f"[{'green' if alive else 'red'}]{'alive' if alive else 'KILLED'}[/] "
+                  "(root signals only the daemon identity it recorded itself)")
+    return capped and alive
