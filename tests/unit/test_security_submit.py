@@ -339,3 +339,40 @@ def test_plugstack_loads_the_plugin_optional() -> None:
     """Low (plugstack required): a broken plugin must not fail every srun/sbatch."""
     assert site.plugstack_line(Path("/usr/lib/slurm/colloc_spank.so")) == (
         "optional /usr/lib/slurm/colloc_spank.so")
+
+
+@pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+def test_spank_and_lua_size_parsers_agree_on_fuzzed_sizes(tmp_path: Path) -> None:
+    """Hypothesis over the SPANK/Lua size boundary: on any text the C parser and
+    job_submit.lua give the same answer (MiB, or both refuse)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    src = Path(site.__file__).parent / "spank" / "colloc_spank.c"
+    main = tmp_path / "t.c"
+    main.write_text(
+        "#define COLLOC_SIZE_PARSER_ONLY 1\n"
+        f'#include "{src}"\n'
+        "#include <stdio.h>\n"
+        "int main(int argc, char **argv)\n{\n"
+        "\tfor (int i = 1; i < argc; i++)\n\t\tprintf(\"%ld\\n\", parse_size_mib(argv[i]));\n"
+        "\treturn 0;\n}\n")
+    exe = tmp_path / "t"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(main)], check=True)
+    h = Harness(SiteSettings(shard_mib=1, gpu_memory_mib=16 * 1024 * 1024))
+
+    def lua(size: str) -> int:
+        rc, job = h.submit({"colloc_mem": size})
+        rec = parse_record(job.admin_comment) if rc == 0 else None
+        return rec.need_mib if rec is not None else -1
+
+    sizes = st.text(alphabet="0123456789.eExXkKmMgGtTiIbB+- ", min_size=1, max_size=12)
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(sizes, min_size=1, max_size=12))
+    def agree(batch: list[str]) -> None:
+        out = subprocess.run([str(exe), *batch], capture_output=True, text=True, check=True)
+        c_mib = [int(x) for x in out.stdout.split()]
+        assert c_mib == [lua(s) for s in batch], batch
+
+    agree()
