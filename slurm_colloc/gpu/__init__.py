@@ -1,0 +1,1 @@
+"""GPU backends: NVML/DCGM for real nodes, the simulation for tests and the demo."""
