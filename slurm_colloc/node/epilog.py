@@ -276,12 +276,16 @@ def _culprit(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> str | 
     """
     try:
         from slurm_colloc.metrics import enforce, store
+        from slurm_colloc.metrics.summary import job_summary
 
         meta = store.read_meta(cfg.metrics_dir, ctx.job_id, ctx.restarts)
         since = meta.start if meta is not None else 0.0
+        # wait for a verdict in the making only if the collector saw co-tenants: an
+        # attempt that ran alone has nobody to blame (and an OOM epilog stays fast)
+        _, tenants = job_summary(cfg, ctx.job_id, ctx.restarts)
         found = enforce.culprits_on_gpu(
             cfg, ctx.gpus[0], since, exclude_job=ctx.job_id,
-            wait_s=enforce.detection_window_s(cfg),
+            wait_s=enforce.detection_window_s(cfg) if tenants else 0.0,
         )
     except Exception as e:  # noqa: BLE001 - attribution is advice; the requeue is not
         result.errors.append(f"co-tenant verdicts unreadable: {e}")
