@@ -178,6 +178,13 @@ class Tenancy:
         marker.write_text(f"{job_id}\n")
         self.clear_absent(gpu, uid, job_id)
 
+    def registered_at(self, gpu: int, uid: int, job_id: int) -> float:
+        """When the job's marker was written (its prolog); +inf when it has none."""
+        try:
+            return (self.user_dir(gpu, uid) / "jobs" / str(job_id)).lstat().st_mtime
+        except OSError:
+            return float("inf")
+
     def absent_since(self, gpu: int, uid: int, job_id: int, now: float) -> float:
         """When the controller first failed to list this registered job (records now)."""
         d = ensure_root_dir(self.user_dir(gpu, uid) / "absent")

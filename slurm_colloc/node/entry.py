@@ -8,6 +8,7 @@ is always 0 because a non-zero Prolog/Epilog drains the node.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -76,9 +77,10 @@ def prolog_main(env: Mapping[str, str]) -> int:
     def body(cfg: cfgmod.CollocConfig, adapter: SlurmCli, log: object) -> str:
         if not env.get("SLURM_JOB_GPUS"):  # slurmd bound no GPU: nothing to ask Slurm
             return prolog.no_gpu(jobmod.bare_context(env), cfg)
+        taken = time.time()
         jobs = adapter.jobs()
         ctx = jobmod.from_slurm(env, adapter, jobs)
-        d = prolog.run(ctx, cfg, adapter, jobs)
+        d = prolog.run(ctx, cfg, adapter, jobs, taken)
         return f"{d.mode} gpu={d.gpu} limit_mib={d.limit_mib} {d.detail}"
 
     return _run_root_script("prolog", env, body, "job runs without MPS")

@@ -53,7 +53,7 @@ def daemon_for(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> MpsDa
 
 def reap_stale(
     cfg: CollocConfig, tenancy: Tenancy, gpu: int, jobs: Mapping[int, SlurmJob] | None,
-    keep: int | None = None, now: float | None = None,
+    keep: int | None = None, now: float | None = None, taken: float | None = None,
 ) -> list[int]:
     """Forget jobs on ``gpu`` the controller says are over; stop daemons left idle.
 
@@ -62,13 +62,18 @@ def reap_stale(
     snapshot the prolog already took (no controller call here, under the lock);
     None (the controller could not be asked) reaps nothing. A job listed as pending
     or finished is reaped at once; one missing from the list only after
-    ``ABSENT_GRACE_S``.
+    ``ABSENT_GRACE_S``. ``taken``: when the snapshot was taken (before the lock); a
+    job registered after that (another prolog got the lock first) is not judged by it:
+    it would show as pending, or be missing, and lose its MPS registration and share
+    of the server-side cap while it starts.
     """
     now = time.time() if now is None else now
     reaped = []
     for uid in tenancy.users_on(gpu):
         for job in tenancy.jobs_of(gpu, uid):
             if job == keep or jobs is None:
+                continue
+            if taken is not None and tenancy.registered_at(gpu, uid, job) >= taken:
                 continue
             info = jobs.get(job)
             if info is not None:
@@ -108,11 +113,12 @@ def no_gpu(ctx: JobContext, cfg: CollocConfig) -> str:
 
 def run(
     ctx: JobContext, cfg: CollocConfig, adapter: SlurmAdapter,
-    jobs: Mapping[int, SlurmJob] | None = None,
+    jobs: Mapping[int, SlurmJob] | None = None, taken: float | None = None,
 ) -> PrologDecision:
     """Prepare MPS for the job (see module docstring).
 
-    ``jobs``: the controller snapshot the context came from (used for reaping).
+    ``jobs``: the controller snapshot the context came from (used for reaping),
+    ``taken``: when it was taken.
     """
     tenancy = Tenancy(Path(cfg.mps_root))
     if not ctx.gpus:
@@ -122,7 +128,7 @@ def run(
     if not ctx.is_shared:
         for gpu in ctx.gpus:
             with tenancy.locked(gpu):
-                reap_stale(cfg, tenancy, gpu, jobs)
+                reap_stale(cfg, tenancy, gpu, jobs, taken=taken)
                 busy = [j for u in tenancy.users_on(gpu) for j in tenancy.jobs_of(gpu, u)]
             if busy:
                 return PrologDecision(
@@ -143,7 +149,7 @@ def run(
     if cfg.active_thread_percentage:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
     with tenancy.locked(gpu):
-        reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id)
+        reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
         daemon = daemon_for(cfg, tenancy, gpu, ctx.uid)
         if not daemon.running():
             tenancy.prepare_user_dirs(gpu, ctx.uid)

@@ -526,3 +526,21 @@ def test_gres_count_suffixes_are_read_like_job_submit_reads_them() -> None:
     """Review variant D: ``shard:2k`` read as 0 shards made the job 'not shared'."""
     job = parse_jobs(json.dumps({"jobs": [squeue_job(tres_per_node="gres:shard:2k")]}))[7]
     assert jobmod.context_from_job(job, ENV).shards == 2048
+
+
+def test_a_job_registered_after_the_snapshot_is_not_reaped_by_it(tmp_path: Path) -> None:
+    """Found by the philly90 replay after the M3 change: the prolog takes its squeue
+    snapshot before the GPU lock; another job's prolog may register in between. That
+    job shows as PENDING in the older snapshot and was reaped: its MPS registration
+    and its share of the user's server-side cap were lost, and it died of an OOM far
+    below its own limit (peak 4.3 GiB under a 7 GiB allocation)."""
+    cfg = _cfg(tmp_path)
+    t = Tenancy(Path(cfg.mps_root))
+    snapshot = parse_jobs(json.dumps({"jobs": [squeue_job(job_id=5, job_state="PENDING"),
+                                               squeue_job(job_id=6, job_state="PENDING")]}))
+    t.add_job(0, 1001, 5)
+    taken = time.time()
+    time.sleep(0.02)
+    t.add_job(0, 1001, 6)  # registered by a prolog that got the lock first
+    assert prolog.reap_stale(cfg, t, 0, snapshot, taken=taken) == [5]
+    assert t.jobs_of(0, 1001) == [6]
