@@ -215,23 +215,28 @@ class MpsDaemon:
             return False
 
     def _socket_is_ours(self) -> bool:
-        """The control socket answers as our daemon (``SO_PEERCRED``: its pid, root).
+        """The control socket is not answered by someone else (``SO_PEERCRED``).
 
         The pipe directory is the user's: ``control`` may have been replaced by the
         user's own listener (every root command to it would then wait out its timeout
-        under the GPU lock) or by a link to another service's socket.
+        under the GPU lock) or by a link to another service's socket. Only a peer that
+        is positively not our daemon counts against it: a busy daemon whose backlog is
+        full (a connect that times out) is still ours, or a healthy daemon under load
+        would be restarted under its running clients.
         """
         ident = self.identity()
         if ident is None or not self._socket_present():
             return False
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(1.0)
+            sock.settimeout(2.0)
             sock.connect(str(self.pipe_dir / CONTROL_SOCKET))
             pid, uid, _ = struct.unpack(
                 "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except (TimeoutError, BlockingIOError, InterruptedError):
+            return ident.matches()  # could not tell: a busy daemon, not a stranger
         except OSError:
-            return False
+            return False  # refused: nobody listens there (a dead or planted socket)
         finally:
             sock.close()
         return pid == ident.pid and uid == os.geteuid() and ident.matches()
