@@ -310,10 +310,9 @@ def _lua_size_mib(size: str) -> int:
     return rec.need_mib
 
 
-@pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
-def test_spank_size_parser_accepts_exactly_what_lua_accepts(tmp_path: Path) -> None:
-    """Low (SPANK strtod): the C parser took 1e3, 0x10 (and the like) that job_submit.lua
-    refuses; it must accept exactly the Lua grammar and give the same MiB."""
+def _build_size_parser(tmp_path: Path, *flags: str) -> Path:
+    """The SPANK plugin's size parser alone, compiled into a tool that prints one MiB
+    figure (or -1) per argument."""
     src = Path(site.__file__).parent / "spank" / "colloc_spank.c"
     main = tmp_path / "t.c"
     main.write_text(
@@ -324,9 +323,17 @@ def test_spank_size_parser_accepts_exactly_what_lua_accepts(tmp_path: Path) -> N
         "\tfor (int i = 1; i < argc; i++)\n\t\tprintf(\"%ld\\n\", parse_size_mib(argv[i]));\n"
         "\treturn 0;\n}\n")
     exe = tmp_path / "t"
-    cp = subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", "-O2", "-o", str(exe), str(main)],
+    cp = subprocess.run(["gcc", *flags, "-O2", "-o", str(exe), str(main)],
                         capture_output=True, text=True, check=False)
     assert cp.returncode == 0, cp.stderr
+    return exe
+
+
+@pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+def test_spank_size_parser_accepts_exactly_what_lua_accepts(tmp_path: Path) -> None:
+    """Low (SPANK strtod): the C parser took 1e3, 0x10 (and the like) that job_submit.lua
+    refuses; it must accept exactly the Lua grammar and give the same MiB."""
+    exe = _build_size_parser(tmp_path, "-Wall", "-Wextra", "-Werror")
     out = subprocess.run([str(exe), *SIZES], capture_output=True, text=True, check=True)
     c_mib = [int(x) for x in out.stdout.split()]
     lua_mib = [_lua_size_mib(s) for s in SIZES]
@@ -348,17 +355,7 @@ def test_spank_and_lua_size_parsers_agree_on_fuzzed_sizes(tmp_path: Path) -> Non
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    src = Path(site.__file__).parent / "spank" / "colloc_spank.c"
-    main = tmp_path / "t.c"
-    main.write_text(
-        "#define COLLOC_SIZE_PARSER_ONLY 1\n"
-        f'#include "{src}"\n'
-        "#include <stdio.h>\n"
-        "int main(int argc, char **argv)\n{\n"
-        "\tfor (int i = 1; i < argc; i++)\n\t\tprintf(\"%ld\\n\", parse_size_mib(argv[i]));\n"
-        "\treturn 0;\n}\n")
-    exe = tmp_path / "t"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(main)], check=True)
+    exe = _build_size_parser(tmp_path)
     h = Harness(SiteSettings(shard_mib=1, gpu_memory_mib=16 * 1024 * 1024))
 
     def lua(size: str) -> int:
