@@ -52,6 +52,20 @@ class CollocConfig:
     job_submit.lua sizes the whole-GPU default from it and refuses larger needs.
     0: ``colloc admin install`` asks the GPU backend (NVML or sim) at install time."""
 
+    cuda_context_mib: int = 512
+    """Device memory of one CUDA context (one client process), which MPS's pinned limit
+    does not count. A job's pinned limit is its shards' memory minus this, so that
+    what NVML shows for the job (allocations + context) stays within its shards.
+    Measure it on your GPUs with ``colloc selftest --gpu`` (docs/node.md)."""
+    mps_server_mib: int = 64
+    """Device memory one MPS server holds outside every client's limit."""
+    mps_servers_per_gpu: int = 2
+    """MPS servers budgeted per GPU when sizing shards (legacy MPS runs one per user on
+    the GPU; MPS v3 runs one for all users)."""
+    gpu_reserved_mib: int = 0
+    """Memory the driver keeps on each GPU. 0: what the backend reports (NVML's
+    ``nvmlDeviceGetMemoryInfo_v2`` reserved, the sim's spec); set it to override."""
+
     # --- Estimation ----------------------------------------------------------------
     estimator: str = "layer-aware"
     """Estimator used by ``sbatch --colloc`` when the user names none."""

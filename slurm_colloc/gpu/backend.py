@@ -21,9 +21,19 @@ class GpuInfo:
     """Static facts about one GPU."""
 
     index: int
+    """The backend's index (NVML enumerates by PCI bus id). Not Slurm's GPU index, and
+    not CUDA's device number: see :mod:`slurm_colloc.gpu.identity`."""
     uuid: str
+    """``GPU-...``: the one identity NVIDIA tools, CUDA_VISIBLE_DEVICES and MPS agree on."""
     name: str
     memory_total_mib: int
+    minor_number: int | None = None
+    """N of ``/dev/nvidiaN`` (``nvmlDeviceGetMinorNumber``); Slurm orders a node's GPUs
+    by their device files, so this links Slurm's index to the GPU. None: unknown."""
+    pci_bus_id: str = ""
+    reserved_mib: int = 0
+    """Memory the driver and firmware keep for themselves (``nvmlDeviceGetMemoryInfo_v2``
+    ``reserved``); no process can allocate it. 0 where the backend cannot tell."""
 
 
 @dataclass(frozen=True)
