@@ -166,6 +166,12 @@ class MpsDaemon:
     log_dir: Path
     state_file: Path | None = None
     """Root-owned identity record; default: ``pipe_dir/../daemon.json``."""
+    device: str | None = None
+    """What the daemon's ``CUDA_VISIBLE_DEVICES`` names: the GPU's UUID. MPS remaps
+    the devices a daemon sees for its clients (NVIDIA MPS docs, Appendix: Environment
+    Variables), and an index is no identity (CUDA orders devices fastest-first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; Slurm orders them by device file). None: the
+    index ``gpu`` (the simulation's and old callers' way; not for real nodes)."""
 
     @property
     def _state(self) -> Path:
@@ -174,7 +180,8 @@ class MpsDaemon:
     def _env(self) -> dict[str, str]:
         return {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "CUDA_VISIBLE_DEVICES": str(self.gpu),
+            "CUDA_VISIBLE_DEVICES": self.device or str(self.gpu),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
         }
@@ -314,6 +321,20 @@ class MpsDaemon:
             raise MpsControlError(f"{self.binary}: {'; '.join(lines)}: {cp.stderr.strip()[:500]}")
         return cp.stdout[:65536]
 
+    def set_checked(self, *lines: str, timeout: float = 10) -> None:
+        """Send ``set_*``/``shutdown_*`` commands; any reply at all is an error.
+
+        The control program prints nothing for a command it carried out and a message
+        for one it refused (bad value, unknown server pid, not permitted). A refused
+        limit must not go unnoticed: the job would run without the cap it was promised.
+        """
+        out = self.command(*lines, timeout=timeout).strip()
+        if out:
+            raise MpsControlError(
+                f"MPS control daemon (GPU {self.gpu}) refused {'; '.join(lines)!r}: "
+                f"{out[:300]}"
+            )
+
     def set_defaults(self, limit_mib: int | None, thread_pct: int) -> None:
         """Default pinned memory limit (device 0 = the one visible GPU) and SM share."""
         lines = []
@@ -322,7 +343,7 @@ class MpsDaemon:
         if thread_pct:
             lines.append(f"set_default_active_thread_percentage {thread_pct}")
         if lines:
-            self.command(*lines)
+            self.set_checked(*lines)
 
     def cap_user(self, limit_mib: int) -> None:
         """Server-side pinned limit for this (GPU, user): new servers and running ones.
@@ -337,7 +358,7 @@ class MpsDaemon:
         lines = [f"set_default_device_pinned_mem_limit 0 {limit_mib}M"]
         lines += [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M"
                   for pid in self.server_pids()]
-        self.command(*lines)
+        self.set_checked(*lines)
 
     def server_pids(self) -> list[int]:
         """``get_server_list``: pids of the MPS servers this daemon runs."""
@@ -355,11 +376,16 @@ class MpsDaemon:
         return out
 
     def stop(self, timeout: float = 10) -> list[int]:
-        """``quit``; then SIGTERM/SIGKILL to our daemon and its servers if they linger.
+        """Shut our servers down, then the daemon; verify; signal only what lingers.
 
-        Signals go only to processes that still match the identities root recorded
-        (daemon) or saw as the daemon's children (servers). Returns the pids that had
-        to be signalled. Idempotent; bounded by ``timeout`` plus the kill grace.
+        A real ``quit`` waits for the servers' clients to exit, and a server left
+        behind runs as the user outside the job's cgroup, holding GPU memory. So the
+        servers go first and by name (``get_server_list``, then ``shutdown_server PID
+        -f``, which also ends clients still attached: no job of this user is left on
+        the GPU when this runs), each checked to be gone in ``/proc``; then ``quit``.
+        SIGTERM/SIGKILL follow only for processes that still match the identities root
+        recorded (daemon) or saw as the daemon's children (servers). Returns the pids
+        that had to be signalled. Idempotent; bounded by ``timeout`` plus the grace.
         """
         ident = self.identity()
         if ident is None or not ident.matches():
@@ -367,9 +393,15 @@ class MpsDaemon:
             self._remove_socket()
             return []
         servers = self._servers(ident.pid)
+        deadline = time.monotonic() + timeout
+        if servers:
+            with contextlib.suppress(MpsControlError):
+                self.set_checked(*(f"shutdown_server {s.pid} -f" for s in servers),
+                                 timeout=timeout)
+            while time.monotonic() < deadline and any(s.matches() for s in servers):
+                time.sleep(0.05)
         try:
-            self.command("quit", timeout=timeout)
-            deadline = time.monotonic() + timeout
+            self.command("quit", timeout=max(1.0, deadline - time.monotonic()))
         except MpsControlError:
             deadline = time.monotonic()  # no polite way: straight to the signals
         while time.monotonic() < deadline and (

@@ -78,3 +78,47 @@ def test_daemon_start_command_stop_with_standin(tmp_path: Path) -> None:
         d.stop()
     assert not d.running() and d.pid() is None
     assert (logdir / "control.log").exists()
+
+
+def _standin_daemon(tmp_path: Path, device: str | None = None) -> MpsDaemon:
+    if not os.path.exists(STANDIN):
+        pytest.fail(f"MPS stand-in not installed at {STANDIN}; run make venv")
+    t = Tenancy(tmp_path / "mps")
+    pipe, logdir = t.prepare_user_dirs(0, os.getuid())
+    return MpsDaemon(STANDIN, 0, pipe, logdir, device=device)
+
+
+def test_a_refused_set_command_raises_instead_of_passing_silently(tmp_path: Path) -> None:
+    from slurm_colloc.mps.control import MpsControlError
+
+    d = _standin_daemon(tmp_path)
+    d.start()
+    try:
+        with pytest.raises(MpsControlError, match="refused"):
+            d.set_checked("set_default_device_pinned_mem_limit 0 lots")
+        with pytest.raises(MpsControlError, match="refused"):
+            d.set_checked("set_device_pinned_mem_limit 999999 0 1G")  # no such server
+        d.set_checked("set_default_device_pinned_mem_limit 0 1G")  # accepted: no reply
+    finally:
+        d.stop()
+
+
+def test_stop_shuts_each_server_down_by_name_before_quit(tmp_path: Path) -> None:
+    d = _standin_daemon(tmp_path)
+    d.start()
+    d.set_checked("start_server -uid 0")
+    servers = d.server_pids()
+    assert len(servers) == 1
+    d.stop()
+    assert not d.running()
+    assert not Path(f"/proc/{servers[0]}").exists()
+    log = (d.log_dir / "control.log").read_text()
+    assert log.index(f"Cmd:shutdown_server {servers[0]} -f") < log.index("Cmd:quit")
+
+
+def test_daemon_sees_the_gpu_by_uuid_and_pci_order(tmp_path: Path) -> None:
+    d = _standin_daemon(tmp_path, device="GPU-1234abcd")
+    env = d._env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1234abcd"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert _standin_daemon(tmp_path)._env()["CUDA_VISIBLE_DEVICES"] == "0"
