@@ -10,6 +10,19 @@ so reports say "not measured"; a lost GPU or a dead driver is a
 :class:`GpuBackendError`. SM activity / occupancy / DRAM activity need DCGM
 profiling fields: pass a :class:`~slurm_colloc.gpu.dcgm.DcgmProfiler` to add them.
 
+Static facts per GPU (:meth:`NvmlBackend.gpus`): the minor number
+(``nvmlDeviceGetMinorNumber``: N of ``/dev/nvidiaN``, which is how Slurm orders GPUs,
+see :mod:`slurm_colloc.gpu.identity`), the PCI bus id (``nvmlDeviceGetPciInfo``
+``busId``, lower-cased) and the memory the driver and firmware reserve
+(``nvmlDeviceGetMemoryInfo_v2`` ``reserved``; nvidia-ml-py spells the call
+``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)``). Bindings without
+``nvmlMemory_v2`` and drivers that answer FUNCTION_NOT_FOUND, NOT_SUPPORTED or
+ARGUMENT_VERSION_MISMATCH give ``reserved_mib`` 0 (the v1 struct has no such field).
+
+Memory "used" in a sample is v1's ``used``, which NVML documents (``nvmlMemory_t``)
+as reserved plus allocated memory: an idle GPU shows the driver's reservation as used,
+and the per-process figures never add up to it.
+
 MPS clients. NVML documents ``nvmlDeviceGetComputeRunningProcesses`` as "processes
 with a compute context on a device" and ``nvmlDeviceGetMPSComputeRunningProcesses``
 (``_v3`` in nvidia-ml-py 13) as "processes with a Multi-Process Service (MPS) compute
@@ -19,6 +32,12 @@ so a sample is the union of both lists by pid (the larger memory figure kept), a
 process is an MPS client exactly when the MPS list names it
 (:attr:`GpuProcess.mps_client`). Where the MPS list cannot be read (NOT_SUPPORTED,
 or a library without the symbol) ``mps_client`` is ``None``: unknown, never guessed.
+
+Both process lists exist in versions (nvidia-ml-py 13 has ``_v3``, ``_v2`` and an
+unversioned name that calls ``_v3``). On a driver without ``_v3`` the unversioned name
+raises ``NVMLLibraryMismatchError``, which is *not* an ``NVMLError`` and would escape
+every handler; so the newest version the binding has is called, the next older one
+where the driver answers FUNCTION_NOT_FOUND, and the choice is remembered.
 
 Hard per-cgroup limits (driver r615+, CUDA 13.4, MPS v3 memory partitioning):
 ``nvmlDeviceSetMemoryLimits_v1(device, nvmlSetMemoryLimits_v1_t)`` with ``nameSpace``
@@ -57,6 +76,18 @@ T = TypeVar("T")
 CGROUP_ROOT = "/sys/fs/cgroup"
 MEMORY_LIMIT_MAX = 0xFFFFFFFFFFFFFFFF
 """``NVML_DEVICE_MEMORY_LIMIT_MAX``: the hard limit that means "none"."""
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+"""``NVML_VALUE_NOT_AVAILABLE`` as an unsigned long long: "no figure", not 16 EiB."""
+_COMPUTE_PROCS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+_MPS_PROCS = (
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+)
 _SET_LIMITS = "nvmlDeviceSetMemoryLimits_v1"
 _GET_LIMITS = "nvmlDeviceGetMemoryLimits_v1"
 
@@ -87,6 +118,11 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def format_cuda_version(version: int) -> str:
+    """``12040`` -> ``"12.4"`` (NVML_CUDA_DRIVER_VERSION_MAJOR/MINOR: v/1000, v%1000/10)."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 class NvmlBackend(GpuBackend):
     """All GPUs of the node via NVML; ``nvml`` is injectable so tests can fake NVML."""
 
@@ -104,6 +140,7 @@ class NvmlBackend(GpuBackend):
             raise GpuBackendError(self._init_message(e)) from e
         self._handles: dict[int, Any] = {}
         self._mps_list_ok: dict[int, bool] = {}
+        self._list_fns: dict[tuple[str, ...], list[str]] = {}
         self._hard_support: dict[int, HardLimitSupport] = {}
         self.cgroup_root = CGROUP_ROOT
 
@@ -141,27 +178,108 @@ class NvmlBackend(GpuBackend):
                 return None
             raise GpuBackendError(f"NVML {getattr(fn, '__name__', 'call')} failed: {e}") from e
 
+    def _is_code(self, err: Any, *names: str) -> bool:
+        code = getattr(err, "value", None)
+        return code is not None and any(code == self._code(n) for n in names)
+
     def _handle(self, index: int) -> Any:
         if index not in self._handles:
             self._handles[index] = self._call(self.nvml.nvmlDeviceGetHandleByIndex, index)
         return self._handles[index]
 
     def gpus(self) -> list[GpuInfo]:
-        """Every GPU NVML sees, by NVML index."""
+        """Every GPU NVML sees, by NVML index, with what ties it to Slurm's index."""
         count = self._call(self.nvml.nvmlDeviceGetCount)
         out = []
         for i in range(count):
             h = self._handle(i)
-            mem = self._call(self.nvml.nvmlDeviceGetMemoryInfo, h)
+            total, reserved = self._memory_total_reserved(h)
             out.append(
                 GpuInfo(
                     index=i,
                     uuid=_decode(self._call(self.nvml.nvmlDeviceGetUUID, h)),
                     name=_decode(self._call(self.nvml.nvmlDeviceGetName, h)),
-                    memory_total_mib=int(mem.total) // MIB,
+                    memory_total_mib=total // MIB,
+                    minor_number=self._minor_number(h),
+                    pci_bus_id=self._pci_bus_id(h),
+                    reserved_mib=reserved // MIB,
                 )
             )
         return out
+
+    def sample_all(self) -> list[GpuSample]:
+        """Every GPU's sample without re-reading the static facts :meth:`gpus` gathers."""
+        return [self.sample(i) for i in range(self._call(self.nvml.nvmlDeviceGetCount))]
+
+    def _minor_number(self, handle: Any) -> int | None:
+        fn = getattr(self.nvml, "nvmlDeviceGetMinorNumber", None)
+        if fn is None:
+            return None
+        minor = self._optional(fn, handle)
+        return None if minor is None else int(minor)
+
+    def _pci_bus_id(self, handle: Any) -> str:
+        """``domain:bus:device.function`` in lower case, as lspci and sysfs write it."""
+        fn = getattr(self.nvml, "nvmlDeviceGetPciInfo", None)
+        info = None if fn is None else self._optional(fn, handle)
+        if info is None:
+            return ""
+        # nvmlPciInfo_t moved the bus id to ``busId`` (NVML 9.0); old structs only
+        # have the 16-byte one, which newer bindings call ``busIdLegacy``.
+        raw = getattr(info, "busId", "") or getattr(info, "busIdLegacy", "")
+        return _decode(raw).strip("\x00").strip().lower()
+
+    def _memory_total_reserved(self, handle: Any) -> tuple[int, int]:
+        """(total, reserved) in bytes; reserved 0 where only the v1 struct is available."""
+        version = getattr(self.nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                mem = self.nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except TypeError:
+                pass  # a binding with the constant but not the keyword: use v1
+            except self.nvml.NVMLError as e:
+                if not self._is_code(
+                    e,
+                    "NVML_ERROR_FUNCTION_NOT_FOUND",
+                    "NVML_ERROR_NOT_SUPPORTED",
+                    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+                ):
+                    raise GpuBackendError(f"NVML nvmlDeviceGetMemoryInfo_v2 failed: {e}") from e
+            else:
+                return int(mem.total), int(getattr(mem, "reserved", 0) or 0)
+        mem = self._call(self.nvml.nvmlDeviceGetMemoryInfo, handle)
+        return int(mem.total), 0
+
+    def driver_version(self) -> str | None:
+        """The kernel driver's version (``"590.48.01"``); None where NVML cannot say."""
+        fn = getattr(self.nvml, "nvmlSystemGetDriverVersion", None)
+        if fn is None:
+            return None
+        try:
+            return _decode(fn()).strip() or None
+        except self.nvml.NVMLError:
+            return None
+
+    def cuda_driver_version(self) -> int | None:
+        """libcuda's version as CUDA encodes it (``13040`` = 13.4); None if unknown.
+
+        ``nvmlSystemGetCudaDriverVersion_v2`` reads the installed libcuda and fails
+        (LIBRARY_NOT_FOUND) without one; the v1 call instead returns "a known supported
+        version" in that case, so it is only asked where v2 does not exist, and a
+        missing libcuda is None rather than a made-up number.
+        """
+        for name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            fn = getattr(self.nvml, name, None)
+            if fn is None:
+                continue
+            try:
+                version = int(fn())
+            except self.nvml.NVMLError as e:
+                if self._is_code(e, "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                    continue
+                return None
+            return version if version > 0 else None
+        return None
 
     def sample(self, index: int) -> GpuSample:
         """One reading of GPU ``index`` (plus DCGM profiling fields when available)."""
@@ -171,13 +289,13 @@ class NvmlBackend(GpuBackend):
         util = self._optional(self.nvml.nvmlDeviceGetUtilizationRates, h)
         power_mw = self._optional(self.nvml.nvmlDeviceGetPowerUsage, h)
         energy_mj = self._optional(self.nvml.nvmlDeviceGetTotalEnergyConsumption, h)
-        procs = self._optional(self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        procs = self._compute_processes(h)
         mps = self._mps_processes(index, h)  # after the compute list: see _merge
         prof = self.profiler.read(index) if self.profiler is not None else None
         return GpuSample(
             index=index,
             timestamp=now,
-            memory_used_mib=int(mem.used) // MIB,
+            memory_used_mib=int(mem.used) // MIB,  # v1: reserved + allocated (module doc)
             utilization_pct=None if util is None else float(util.gpu),
             power_w=None if power_mw is None else power_mw / 1000.0,
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
@@ -187,23 +305,62 @@ class NvmlBackend(GpuBackend):
             processes=self._merge(procs, mps),
         )
 
+    def _list_call(self, names: tuple[str, ...], handle: Any) -> list[Any]:
+        """Call the newest of ``names`` the binding and driver both have.
+
+        A version the driver lacks (FUNCTION_NOT_FOUND, or nvidia-ml-py's
+        ``NVMLLibraryMismatchError`` from an unversioned name) is dropped for the rest
+        of the session and the next one tried. None left: NVML_ERROR_NOT_SUPPORTED, so
+        callers treat it as a reading the GPU does not support.
+        """
+        if names not in self._list_fns:
+            self._list_fns[names] = [n for n in names if hasattr(self.nvml, n)]
+        candidates = self._list_fns[names]
+        mismatch = getattr(self.nvml, "NVMLLibraryMismatchError", None)
+        mismatch_types: tuple[type[BaseException], ...] = (
+            (mismatch,) if isinstance(mismatch, type) and issubclass(mismatch, Exception) else ()
+        )
+        while candidates:
+            fn = getattr(self.nvml, candidates[0])
+            try:
+                return list(fn(handle) or [])
+            except self.nvml.NVMLError as e:
+                if not self._is_code(e, "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                    raise
+            except mismatch_types:
+                pass
+            candidates.pop(0)
+        raise self.nvml.NVMLError(getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", 3))
+
+    def _compute_processes(self, handle: Any) -> list[Any]:
+        """Processes with a compute context; [] where the GPU cannot list them."""
+        try:
+            return self._list_call(_COMPUTE_PROCS, handle)
+        except self.nvml.NVMLError as e:
+            if self._is_code(e, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION"):
+                return []
+            raise GpuBackendError(
+                f"NVML nvmlDeviceGetComputeRunningProcesses failed: {e}"
+            ) from e
+
     def _mps_processes(self, index: int, handle: Any) -> list[Any] | None:
-        """MPS clients on the GPU; None when NVML cannot list them (remembered)."""
-        fn = getattr(self.nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
-        if fn is None or self._mps_list_ok.get(index) is False:
+        """MPS clients on the GPU; None when NVML cannot list them (remembered per GPU)."""
+        if self._mps_list_ok.get(index) is False:
             return None
         try:
-            out = list(fn(handle) or [])
+            out = self._list_call(_MPS_PROCS, handle)
         except self.nvml.NVMLError as e:
-            code = getattr(e, "value", None)
-            if code in (
-                self._code("NVML_ERROR_NOT_SUPPORTED"),
-                self._code("NVML_ERROR_FUNCTION_NOT_FOUND"),
-                self._code("NVML_ERROR_NO_PERMISSION"),
+            if self._is_code(
+                e,
+                "NVML_ERROR_NOT_SUPPORTED",
+                "NVML_ERROR_FUNCTION_NOT_FOUND",
+                "NVML_ERROR_NO_PERMISSION",
             ):
                 self._mps_list_ok[index] = False
                 return None
-            raise GpuBackendError(f"NVML {getattr(fn, '__name__', 'call')} failed: {e}") from e
+            raise GpuBackendError(
+                f"NVML nvmlDeviceGetMPSComputeRunningProcesses failed: {e}"
+            ) from e
         self._mps_list_ok[index] = True
         return out
 
@@ -339,9 +496,8 @@ class NvmlBackend(GpuBackend):
 
     def _process(self, p: Any) -> GpuProcess:
         used = getattr(p, "usedGpuMemory", None)
-        not_avail = getattr(self.nvml, "NVML_VALUE_NOT_AVAILABLE_ulonglong", None)
-        if not_avail is not None and used == getattr(not_avail, "value", not_avail):
-            used = None  # older bindings pass the sentinel through
+        if used is not None and int(used) >= NOT_AVAILABLE:
+            used = None  # bindings that do not turn the sentinel into None
         # Unattributable memory counts as 0 here: the GPU total stays right, and the
         # sidecar flags jobs whose processes report no memory rather than guessing.
         return GpuProcess(pid=int(p.pid), used_mib=0 if used is None else int(used) // MIB)

@@ -216,6 +216,135 @@ def test_bindings_without_mps_list_mean_unknown():
     assert all(p.mps_client is None for p in s.processes)
 
 
+def test_mps_client_only_in_the_mps_list_is_reported_with_its_memory():
+    # The issue's failure mode: the compute list does not repeat MPS clients.
+    m = fake_nvml()
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: []
+    m.nvmlDeviceGetMPSComputeRunningProcesses = lambda h: [Proc(4242, 6144 * MIB)]
+    s = NvmlBackend(nvml=m).sample(0)
+    assert [(p.pid, p.used_mib, p.mps_client) for p in s.processes] == [(4242, 6144, True)]
+
+
+@pytest.mark.parametrize(("compute_mib", "mps_mib"), [(2048, 512), (512, 2048)])
+def test_process_in_both_lists_is_reported_once_with_the_larger_memory(compute_mib, mps_mib):
+    m = fake_nvml()
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [Proc(101, compute_mib * MIB)]
+    m.nvmlDeviceGetMPSComputeRunningProcesses = lambda h: [Proc(101, mps_mib * MIB)]
+    s = NvmlBackend(nvml=m).sample(0)
+    assert [(p.pid, p.used_mib, p.mps_client) for p in s.processes] == [(101, 2048, True)]
+
+
+def test_unavailable_process_memory_is_zero_not_an_error():
+    import ctypes
+
+    m = fake_nvml()
+    m.NVML_VALUE_NOT_AVAILABLE_ulonglong = ctypes.c_ulonglong(-1)
+    sentinel = ctypes.c_ulonglong(-1).value  # what a binding that passes it through gives
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [Proc(7, None), Proc(8, sentinel)]
+    m.nvmlDeviceGetMPSComputeRunningProcesses = lambda h: [Proc(8, sentinel), Proc(9, None)]
+    s = NvmlBackend(nvml=m).sample(0)
+    assert {p.pid: (p.used_mib, p.mps_client) for p in s.processes} == {
+        7: (0, False), 8: (0, True), 9: (0, True)}
+
+
+def test_sentinel_is_recognised_even_without_the_bindings_constant():
+    m = fake_nvml()  # no NVML_VALUE_NOT_AVAILABLE_ulonglong attribute
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [Proc(8, 0xFFFFFFFFFFFFFFFF)]
+    assert NvmlBackend(nvml=m).sample(0).processes[0].used_mib == 0
+
+
+def test_mps_list_not_supported_is_remembered_per_gpu():
+    m = fake_nvml()
+    calls = []
+
+    def mps(h):
+        calls.append(h)
+        if h == "h0":
+            raise NVMLError(3)  # this GPU cannot list MPS clients; GPU 1 can
+        return [Proc(101, 8192 * MIB)]
+
+    m.nvmlDeviceGetMPSComputeRunningProcesses = mps
+    b = NvmlBackend(nvml=m)
+    for _ in range(2):
+        assert {p.mps_client for p in b.sample(0).processes} == {None}
+        assert {p.pid: p.mps_client for p in b.sample(1).processes} == {
+            101: True, 102: False}
+    assert calls == ["h0", "h1", "h1"]
+
+
+@pytest.mark.parametrize("fn", ["nvmlDeviceGetComputeRunningProcesses",
+                                "nvmlDeviceGetMPSComputeRunningProcesses",
+                                "nvmlDeviceGetMemoryInfo"])
+def test_gpu_lost_on_any_process_or_memory_read_is_a_backend_error(fn):
+    m = fake_nvml()
+    m.nvmlDeviceGetMPSComputeRunningProcesses = lambda h: []
+
+    def lost(*a, **kw):
+        raise NVMLError(15)  # NVML_ERROR_GPU_IS_LOST
+
+    setattr(m, fn, lost)
+    with pytest.raises(GpuBackendError, match="GPU is lost"):
+        NvmlBackend(nvml=m).sample(0)
+
+
+def test_newest_process_list_version_is_preferred():
+    m = fake_nvml()
+
+    def unversioned(h):
+        raise AssertionError("the _v3 function exists and must be used")
+
+    m.nvmlDeviceGetComputeRunningProcesses = unversioned
+    m.nvmlDeviceGetMPSComputeRunningProcesses = unversioned
+    m.nvmlDeviceGetComputeRunningProcesses_v3 = lambda h: [Proc(900, 300 * MIB)]
+    m.nvmlDeviceGetMPSComputeRunningProcesses_v3 = lambda h: [Proc(101, 8192 * MIB)]
+    s = NvmlBackend(nvml=m).sample(0)
+    assert {p.pid: (p.used_mib, p.mps_client) for p in s.processes} == {
+        900: (300, False), 101: (8192, True)}
+
+
+def test_driver_without_v3_falls_back_to_v2_and_remembers():
+    m = fake_nvml()
+    m.NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    v3_calls = []
+
+    def v3(h):
+        v3_calls.append(h)
+        raise NVMLError(13)  # the binding has _v3, the driver does not
+
+    m.nvmlDeviceGetMPSComputeRunningProcesses_v3 = v3
+    m.nvmlDeviceGetMPSComputeRunningProcesses_v2 = lambda h: [Proc(101, 1024 * MIB)]
+    b = NvmlBackend(nvml=m)
+    for i in (0, 1, 0):
+        assert {p.pid: p.mps_client for p in b.sample(i).processes}[101] is True
+    assert v3_calls == ["h0"]
+
+
+def test_library_mismatch_from_an_unversioned_name_is_not_a_crash():
+    class NVMLLibraryMismatchError(Exception):  # pynvml's: not an NVMLError subclass
+        pass
+
+    def mismatch(h):
+        raise NVMLLibraryMismatchError("Unversioned function called ...")
+
+    m = fake_nvml()
+    m.NVMLLibraryMismatchError = NVMLLibraryMismatchError
+    m.nvmlDeviceGetMPSComputeRunningProcesses = mismatch
+    m.nvmlDeviceGetComputeRunningProcesses = mismatch
+    s = NvmlBackend(nvml=m).sample(0)
+    assert s.processes == () and s.memory_used_mib == 10240
+
+
+def test_installed_bindings_name_the_process_lists_as_used():
+    import pynvml
+
+    for name in ("nvmlDeviceGetComputeRunningProcesses_v3",
+                 "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                 "nvmlDeviceGetMPSComputeRunningProcesses"):
+        assert callable(getattr(pynvml, name)), name
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+    assert pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value == 0xFFFFFFFFFFFFFFFF
+
+
 def test_mps_list_failure_other_than_unsupported_is_an_error():
     m = fake_nvml()
 
@@ -225,6 +354,162 @@ def test_mps_list_failure_other_than_unsupported_is_an_error():
     m.nvmlDeviceGetMPSComputeRunningProcesses = lost
     with pytest.raises(GpuBackendError, match="GPU is lost"):
         NvmlBackend(nvml=m).sample(0)
+
+
+# --- static facts: minor number, PCI bus id, reserved memory; driver versions -------
+
+
+@dataclass
+class MemoryV2:  # c_nvmlMemory_v2_t: bytes; version must be nvmlMemory_v2
+    version: int
+    total: int
+    reserved: int
+    free: int
+    used: int
+
+
+@dataclass
+class PciInfo:  # nvmlPciInfo_t; the binding may hand back bytes or str
+    busId: bytes | str
+    busIdLegacy: bytes | str = b""
+
+
+NVML_MEMORY_V2 = 0x02000028
+
+
+def identity_nvml(minors=(2, 0), bus_ids=(b"00000000:3B:00.0", b"00000000:86:00.0"),
+                  v2_error: int | None = None):
+    """The fake plus the identity calls, as nvidia-ml-py 12/13 exposes them."""
+    m = fake_nvml()
+    m.NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    m.NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+    m.nvmlMemory_v2 = NVML_MEMORY_V2
+    m.v1_calls = 0
+
+    def mem(h, version=None):
+        if not version:
+            m.v1_calls += 1
+            return Memory(total=40960 * MIB, free=30720 * MIB, used=10240 * MIB)
+        assert version == NVML_MEMORY_V2
+        if v2_error is not None:
+            raise NVMLError(v2_error)
+        return MemoryV2(version, total=40960 * MIB, reserved=543 * MIB,
+                        free=30720 * MIB, used=10240 * MIB)
+
+    def minor(h):
+        value = minors[int(h[1:])]
+        if value is None:
+            raise NVMLError(3)
+        return value
+
+    m.nvmlDeviceGetMemoryInfo = mem
+    m.nvmlDeviceGetMinorNumber = minor
+    m.nvmlDeviceGetPciInfo = lambda h: PciInfo(bus_ids[int(h[1:])])
+    return m
+
+
+def test_gpus_report_minor_number_pci_bus_id_and_reserved_memory():
+    m = identity_nvml()
+    gpus = NvmlBackend(nvml=m).gpus()
+    assert [(g.index, g.minor_number, g.pci_bus_id, g.reserved_mib, g.memory_total_mib)
+            for g in gpus] == [(0, 2, "00000000:3b:00.0", 543, 40960),
+                               (1, 0, "00000000:86:00.0", 543, 40960)]
+    assert m.v1_calls == 0  # v2 gave the total too
+
+
+def test_pci_bus_id_as_str_or_only_in_the_legacy_field():
+    m = identity_nvml(bus_ids=("0000:AF:00.0", ""))
+    m.nvmlDeviceGetPciInfo = lambda h: (PciInfo("00000000:AF:00.0") if h == "h0"
+                                        else PciInfo(b"", busIdLegacy=b"0000:D8:00.0"))
+    assert [g.pci_bus_id for g in NvmlBackend(nvml=m).gpus()] == [
+        "00000000:af:00.0", "0000:d8:00.0"]
+
+
+def test_minor_number_not_supported_is_none_for_that_gpu_only():
+    gpus = NvmlBackend(nvml=identity_nvml(minors=(None, 1))).gpus()
+    assert [g.minor_number for g in gpus] == [None, 1]
+
+
+@pytest.mark.parametrize("code", [13, 3, 25])  # FUNCTION_NOT_FOUND, NOT_SUPPORTED, VERSION
+def test_driver_without_memory_info_v2_gives_reserved_zero_and_v1_total(code):
+    m = identity_nvml(v2_error=code)
+    gpus = NvmlBackend(nvml=m).gpus()
+    assert [(g.reserved_mib, g.memory_total_mib) for g in gpus] == [(0, 40960)] * 2
+    assert m.v1_calls == 2
+
+
+def test_bindings_without_memory_v2_never_pass_a_version():
+    # fake_nvml's memory function takes no version keyword: passing one would fail
+    gpus = NvmlBackend(nvml=fake_nvml()).gpus()
+    assert [(g.reserved_mib, g.minor_number, g.pci_bus_id) for g in gpus] == [(0, None, "")] * 2
+
+
+def test_lost_gpu_while_reading_static_facts_is_an_error():
+    with pytest.raises(GpuBackendError, match="GPU is lost"):
+        NvmlBackend(nvml=identity_nvml(v2_error=15)).gpus()
+    m = identity_nvml()
+
+    def lost(h):
+        raise NVMLError(15)
+
+    m.nvmlDeviceGetMinorNumber = lost
+    with pytest.raises(GpuBackendError, match="GPU is lost"):
+        NvmlBackend(nvml=m).gpus()
+
+
+def test_sample_memory_stays_v1_and_sample_all_skips_static_reads():
+    m = identity_nvml()
+    m.nvmlDeviceGetUUID = lambda h: pytest.fail("sample_all must not re-read static facts")
+    samples = NvmlBackend(nvml=m).sample_all()
+    assert [(s.index, s.memory_used_mib) for s in samples] == [(0, 10240), (1, 10240)]
+    assert m.v1_calls == 2
+
+
+def test_installed_bindings_spell_memory_info_v2_as_used():
+    import inspect
+
+    import pynvml
+
+    assert pynvml.nvmlMemory_v2 == NVML_MEMORY_V2
+    assert "version" in inspect.signature(pynvml.nvmlDeviceGetMemoryInfo).parameters
+    assert [f[0] for f in pynvml.c_nvmlMemory_v2_t._fields_] == [
+        "version", "total", "reserved", "free", "used"]
+    assert "busId" in [f[0] for f in pynvml.nvmlPciInfo_t._fields_]
+    assert pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH == 25
+    assert pynvml.NVML_ERROR_FUNCTION_NOT_FOUND == 13
+
+
+def test_driver_and_cuda_versions():
+    from slurm_colloc.gpu.nvml import format_cuda_version
+
+    m = fake_nvml()
+    b = NvmlBackend(nvml=m)
+    assert b.driver_version() is None and b.cuda_driver_version() is None  # not in binding
+    m.nvmlSystemGetDriverVersion = lambda: b"590.48.01"
+    m.nvmlSystemGetCudaDriverVersion_v2 = lambda: 13040
+    m.nvmlSystemGetCudaDriverVersion = lambda: pytest.fail("v2 exists: v1 must not be asked")
+    assert b.driver_version() == "590.48.01" and b.cuda_driver_version() == 13040
+    assert format_cuda_version(13040) == "13.4" and format_cuda_version(12020) == "12.2"
+
+
+def test_cuda_version_without_libcuda_is_none_not_v1s_guess():
+    m = fake_nvml()
+    m.NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+    def raising(code: int):
+        def f():
+            raise NVMLError(code)
+        return f
+
+    m.nvmlSystemGetCudaDriverVersion = lambda: 12020
+    m.nvmlSystemGetCudaDriverVersion_v2 = raising(12)  # NVML_ERROR_LIBRARY_NOT_FOUND
+    assert NvmlBackend(nvml=m).cuda_driver_version() is None
+    m.nvmlSystemGetCudaDriverVersion_v2 = raising(13)  # library too old for v2: v1 is all
+    assert NvmlBackend(nvml=m).cuda_driver_version() == 12020
+    del m.nvmlSystemGetCudaDriverVersion_v2
+    assert NvmlBackend(nvml=m).cuda_driver_version() == 12020
+    m.nvmlSystemGetDriverVersion = raising(9)
+    assert NvmlBackend(nvml=m).driver_version() is None
 
 
 # --- hard per-cgroup memory limits (r615+, nvmlDeviceSetMemoryLimits_v1) -------------
