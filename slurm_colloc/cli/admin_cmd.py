@@ -63,8 +63,9 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: int | None,
         raise click.ClickException(str(e)) from e
     for p in res.written:
         click.echo(f"wrote {p}")
-    click.echo(f"\nshard = {settings.shard_mib} MiB, GPU = {settings.gpu_memory_mib} MiB "
-               f"({settings.shards_per_gpu} shards), estimator = {settings.estimator}")
+    click.echo(f"\nshard = {settings.shard_mib} MiB, GPU = {settings.gpu_memory_mib} MiB, "
+               f"{settings.jobs_mib} MiB for jobs ({settings.shards_per_gpu} shards), "
+               f"estimator = {settings.estimator}")
     click.echo(f"\n# add to {conf} (then: scontrol reconfigure)")
     for line in ["SelectType=select/cons_tres", "GresTypes=gpu,shard", *res.slurm_conf_lines]:
         click.echo(line)
@@ -88,7 +89,7 @@ def gres_conf(device_pattern: str, node_name: str | None) -> None:
         gpus = backend.gpus()
     finally:
         backend.close()
-    text, node_gres = site.gres_conf_lines(gpus, cfg.shard_mib, device_pattern, node_name)
+    text, node_gres = site.gres_conf_lines(gpus, cfg, device_pattern, node_name)
     click.echo(text, nl=False)
     click.echo(f"# slurm.conf NodeName=... {node_gres}")
 

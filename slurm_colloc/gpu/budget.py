@@ -95,3 +95,14 @@ def budget(cfg: CollocConfig, total_mib: int, reserved_mib: int = 0) -> GpuBudge
 def budget_of(cfg: CollocConfig, gpu: GpuInfo) -> GpuBudget:
     """The budget of one GPU the backend described."""
     return budget(cfg, gpu.memory_total_mib, gpu.reserved_mib)
+
+
+def config_budget(cfg: CollocConfig) -> GpuBudget | None:
+    """The budget of the site's GPU from colloc.conf alone (``gpu_memory_mib``).
+
+    For readers that must not touch a GPU (the report, the admin view, an epilog whose
+    backend failed); None when the site left ``gpu_memory_mib`` at 0.
+    """
+    if cfg.gpu_memory_mib <= 0:
+        return None
+    return budget(cfg, cfg.gpu_memory_mib)

@@ -79,6 +79,27 @@ class Collector:
         self._tenancy_cache: dict[tuple[int, int], list[int]] = {}
         self.last_job_seen = clock()
         self.enforcer = enforcer or enforce.Enforcer(cfg, clock=clock)
+        self._slurm_of: dict[int, int] | None = None
+
+    def _slurm_index(self, backend_index: int) -> int:
+        """Slurm's index of the backend's GPU ``backend_index``.
+
+        Samples come by NVML index; everything colloc keeps per GPU (MPS tenancy,
+        allocations, series rows) is by Slurm's index, which follows the device files'
+        minor numbers and need not be NVML's order. The map is built once: GPUs do not
+        change under a running collector. If it cannot be built the indices are taken
+        as equal (and it says so once), which is right wherever minors follow PCI order.
+        """
+        if self._slurm_of is None:
+            from slurm_colloc.gpu.identity import GpuIdentityError, GpuMap
+
+            try:
+                gmap = GpuMap.from_backend(self.backend)
+                self._slurm_of = {g.index: i for i, g in enumerate(gmap.gpus)}
+            except (GpuIdentityError, GpuBackendError) as e:
+                log.warning("GPU order unknown (%s): taking NVML indices as Slurm's", e)
+                self._slurm_of = {}
+        return self._slurm_of.get(backend_index, backend_index)
 
     def _uid_of_job(self, job: str) -> int | None:
         if job not in self._uids:
@@ -167,29 +188,30 @@ class Collector:
             self.enforcer.begin_step()
         for s in self.backend.sample_all():
             denergy = self._energy_delta(s)
+            gpu = self._slurm_index(s.index)
             per_job: dict[Key, int] = {}
             entries: list[enforce.Entry] = []
             for p in s.processes:
                 pids.add(p.pid)
-                ident = self.attributor.identity(p.pid) or self._by_tenancy(p.pid, s.index)
+                ident = self.attributor.identity(p.pid) or self._by_tenancy(p.pid, gpu)
                 if ident is None:
                     continue
-                ident = self._held_to_mps_job(ident, s.index)
+                ident = self._held_to_mps_job(ident, gpu)
                 tag = ident[1]
                 entries.append((p, ident[0], tag))
                 k = (tag.job_id, tag.attempt)
                 per_job[k] = per_job.get(k, 0) + p.used_mib
             if enforcing and entries:
                 try:
-                    self.enforcer.observe(s.index, entries)
+                    self.enforcer.observe(gpu, entries)
                 except OSError as e:  # the verdict store; metrics go on regardless
-                    log.warning("enforcement on GPU %d: %s", s.index, e)
+                    log.warning("enforcement on GPU %d: %s", gpu, e)
             total = sum(per_job.values())
             for k, mem in per_job.items():
                 share = mem / total if total else 1.0 / len(per_job)
                 tenants = tuple(sorted({j for j, _ in per_job if j != k[0]}, key=store._job_key))
                 row = store.Row(
-                    t=now, gpu=s.index, mem_mib=float(mem), mem_max_mib=mem,
+                    t=now, gpu=gpu, mem_mib=float(mem), mem_max_mib=mem,
                     gpu_mem_mib=s.memory_used_mib, util_pct=s.utilization_pct,
                     sm_pct=s.sm_activity_pct, occ_pct=s.sm_occupancy_pct,
                     dram_pct=s.dram_activity_pct, power_w=s.power_w,

@@ -83,17 +83,15 @@ def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
 
 
 def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:
-    """Whole shards the job's GPU offers (its memory / shard size)."""
-    from slurm_colloc.gpu.select import backend_from_config
+    """Whole shards the job's GPU offers (what jobs can use of it / shard size).
 
-    backend = backend_from_config(cfg)
-    try:
-        for g in backend.gpus():
-            if gpu is None or g.index == gpu:
-                return g.memory_total_mib // cfg.shard_mib
-    finally:
-        backend.close()
-    raise ValueError(f"GPU {gpu} not found by the {cfg.gpu_backend} backend")
+    ``gpu`` is Slurm's index; None: the node's first GPU.
+    """
+    from slurm_colloc.gpu.budget import budget_of
+    from slurm_colloc.node.gpus import node_gpu_map
+
+    gmap = node_gpu_map(cfg)
+    return budget_of(cfg, gmap.by_slurm_index(gpu or 0)).shards_per_gpu
 
 
 def estimate_of(ctx: JobContext) -> int | None:
@@ -220,8 +218,11 @@ def _shards_per_gpu_or_fallback(
             return rec.alloc_mib // rec.shard_mib
         if rec.shards > 0:
             return rec.shards
-    if cfg.gpu_memory_mib > 0 and cfg.shard_mib > 0 and cfg.gpu_memory_mib >= cfg.shard_mib:
-        return cfg.gpu_memory_mib // cfg.shard_mib
+    from slurm_colloc.gpu.budget import config_budget
+
+    site_budget = config_budget(cfg)
+    if site_budget is not None and site_budget.shards_per_gpu > 0:
+        return site_budget.shards_per_gpu
     result.errors.append("shards per GPU unknown: the job is treated as having a whole GPU")
     return None
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.budget import budget_of
 from slurm_colloc.mps.control import MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.node.gpus import node_gpu_map
 from slurm_colloc.node.job import JobContext, context_to_json
 from slurm_colloc.slurm.adapter import SlurmAdapter
 from slurm_colloc.slurm.squeue_json import SlurmJob
@@ -45,10 +47,16 @@ already missing this long ago: one snapshot taken during a controller restart or
 failover must not tear down the MPS daemons of running jobs."""
 
 
-def daemon_for(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> MpsDaemon:
-    """The MPS control daemon handle serving ``uid`` on ``gpu``."""
+def daemon_for(
+    cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int, uuid: str | None = None
+) -> MpsDaemon:
+    """The MPS control daemon handle serving ``uid`` on Slurm's GPU ``gpu``.
+
+    ``uuid``: the GPU's UUID, which a daemon being started must see it by; handles
+    that only talk to or stop a running daemon do not need it.
+    """
     return MpsDaemon(cfg.mps_control, gpu, tenancy.pipe_dir(gpu, uid), tenancy.log_dir(gpu, uid),
-                     tenancy.daemon_state(gpu, uid))
+                     tenancy.daemon_state(gpu, uid), device=uuid)
 
 
 def reap_stale(
@@ -91,17 +99,25 @@ def reap_stale(
 
 
 def user_total_mib(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> int:
-    """Memory of all of ``uid``'s jobs on ``gpu`` (their limits, from root state)."""
+    """Pinned memory of all of ``uid``'s jobs on ``gpu`` (their limits, from root state).
+
+    The pinned limit (``COLLOC_PINNED_MIB``; env files of older versions only have the
+    allocation ``COLLOC_LIMIT_MIB``) is what the server-side cap must add up: contexts
+    are outside it on both sides.
+    """
     total = 0
     for job in tenancy.jobs_of(gpu, uid):
         try:
             text = tenancy.job_env_file(job).read_text()[:8192]
         except OSError:
             continue
+        values = {}
         for line in text.splitlines():
             key, _, value = line.partition("=")
-            if key == "COLLOC_LIMIT_MIB" and value.isdigit() and len(value) < 9:
-                total += int(value)
+            if key in ("COLLOC_LIMIT_MIB", "COLLOC_PINNED_MIB") and value.isdigit() \
+                    and len(value) < 9:
+                values[key] = int(value)
+        total += values.get("COLLOC_PINNED_MIB", values.get("COLLOC_LIMIT_MIB", 0))
     return total
 
 
@@ -136,21 +152,30 @@ def run(
                 )
         return PrologDecision("exclusive", ctx.gpus[0], detail="whole GPU, no MPS")
     gpu = ctx.gpus[0]
+    info = node_gpu_map(cfg).by_slurm_index(gpu)
     limit = ctx.shards * cfg.shard_mib
+    pinned = budget_of(cfg, info).pinned_limit_mib(ctx.shards)
     gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
     env = {
         "CUDA_MPS_PIPE_DIRECTORY": str(tenancy.pipe_dir(gpu, ctx.uid)),
         "CUDA_MPS_LOG_DIRECTORY": str(tenancy.log_dir(gpu, ctx.uid)),
-        # device 0 = the job's only visible GPU (CUDA_VISIBLE_DEVICES renumbers)
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit}M",
+        # Slurm's index would name another device, or none, once MPS remaps the
+        # daemon's one GPU for its clients; the UUID names the same GPU either way
+        # (and also if the job ends up outside MPS)
+        "CUDA_VISIBLE_DEVICES": info.uuid,
+        # device 0 = the job's only visible GPU; allocations only: the job's CUDA
+        # context comes on top, so its shards hold allocations + context
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={pinned}M",
         "COLLOC_GPU": str(gpu),
+        "COLLOC_GPU_UUID": info.uuid,
         "COLLOC_LIMIT_MIB": str(limit),
+        "COLLOC_PINNED_MIB": str(pinned),
     }
     if cfg.active_thread_percentage:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
     with tenancy.locked(gpu):
         reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
-        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid)
+        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, info.uuid)
         if not daemon.running():
             tenancy.prepare_user_dirs(gpu, ctx.uid)
             daemon.start()
@@ -162,15 +187,19 @@ def run(
         # server side: a client that drops its own limit (env -i, --cleanenv) gets
         # its user's total share of this GPU, not the whole GPU (docs/node.md)
         daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
-    hard = hard_limit(ctx, cfg, gpu, limit)
+    hard = hard_limit(ctx, cfg, info.index, limit)
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
-        detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu}; hard limit: {hard}",
+        detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu} ({info.uuid}), "
+               f"pinned {pinned} MiB; hard limit: {hard}",
     )
 
 
 def hard_limit(ctx: JobContext, cfg: CollocConfig, gpu: int, limit_mib: int) -> str:
     """Hard per-cgroup GPU memory limit where the driver has it (issue 11, H2).
+
+    ``gpu`` is the backend's (NVML's) index of the job's GPU, ``limit_mib`` the job's
+    whole allocation: the cgroup limit counts all device memory, contexts included.
 
     Never in the job's way: any failure is reported in the prolog's log line and the
     MPS server-side limit plus the collector's enforcement remain.

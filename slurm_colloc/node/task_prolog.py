@@ -19,8 +19,11 @@ ALLOWED = frozenset(
         "CUDA_MPS_LOG_DIRECTORY",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_VISIBLE_DEVICES",
         "COLLOC_GPU",
+        "COLLOC_GPU_UUID",
         "COLLOC_LIMIT_MIB",
+        "COLLOC_PINNED_MIB",
     }
 )
 _VALUE = re.compile(r"^[A-Za-z0-9_./=,:-]{1,512}$")

@@ -16,6 +16,7 @@ from typing import Any
 
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.report.inquirer import JobRow
 from slurm_colloc.site.record import parse_record
 
@@ -122,7 +123,8 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
     decodes but makes no sense) is left out with a line in ``warnings`` naming it:
     one crafted job must not take the admin view down for everyone.
     """
-    spg = (cfg.gpu_memory_mib // cfg.shard_mib) if cfg.gpu_memory_mib else 40
+    site_budget = config_budget(cfg)
+    spg = site_budget.shards_per_gpu if site_budget else 40
     by_job: dict[str, list[JobRow]] = {}
     for r in rows:
         by_job.setdefault(r.job_id, []).append(r)

@@ -12,6 +12,7 @@ from typing import Any
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.accounting.record import Attempt, JobRecord
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
 from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_time
@@ -219,7 +220,8 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         if meta is not None:
             v.limit_mib = v.limit_mib or meta.limit_mib
             v.start = v.start or int(meta.start) or None
-    spg = cfg.gpu_memory_mib // cfg.shard_mib if cfg.gpu_memory_mib else None
+    site_budget = config_budget(cfg)
+    spg = site_budget.shards_per_gpu if site_budget else None
     rep = JobReport(
         job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),
         user=last.user if last else str(live.get("UserId", "") if live else ""),

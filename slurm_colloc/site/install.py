@@ -20,6 +20,7 @@ from pathlib import Path
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
+from slurm_colloc.gpu.budget import budget, budget_of
 
 CFLAGS = (
     "-Wall", "-Wextra", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-O2", "-fPIC",
@@ -40,6 +41,9 @@ class SiteSettings:
 
     shard_mib: int
     gpu_memory_mib: int
+    usable_mib: int = 0
+    """What jobs can have of one GPU (:mod:`slurm_colloc.gpu.budget`): total less the
+    driver's reserve and the MPS servers. 0: all of ``gpu_memory_mib``."""
     default_colloc_mib: int = 0
     estimator_command: str = ""
     estimate_timeout_s: float = 30.0
@@ -47,10 +51,11 @@ class SiteSettings:
     timeout_bin: str = "/usr/bin/timeout"
 
     def __post_init__(self) -> None:
-        if self.gpu_memory_mib < self.shard_mib:
+        if self.jobs_mib < self.shard_mib:
             raise InstallError(
-                f"gpu_memory_mib = {self.gpu_memory_mib}: smaller than one shard "
-                f"({self.shard_mib} MiB); set gpu_memory_mib in colloc.conf"
+                f"gpu_memory_mib = {self.gpu_memory_mib} (usable by jobs: {self.jobs_mib}): "
+                f"smaller than one shard ({self.shard_mib} MiB); set gpu_memory_mib, or "
+                "lower mps_server_mib / gpu_reserved_mib, in colloc.conf"
             )
         if self.estimator_command and not os.path.isabs(self.estimator_command):
             raise InstallError(
@@ -59,9 +64,14 @@ class SiteSettings:
             )
 
     @property
+    def jobs_mib(self) -> int:
+        """Memory of one GPU that shards divide."""
+        return self.usable_mib or self.gpu_memory_mib
+
+    @property
     def shards_per_gpu(self) -> int:
-        """Whole shards one GPU offers."""
-        return self.gpu_memory_mib // self.shard_mib
+        """Whole shards one GPU offers (what gres.conf declares per GPU)."""
+        return self.jobs_mib // self.shard_mib
 
     @property
     def estimator(self) -> str:
@@ -74,8 +84,8 @@ def default_estimator_command() -> str:
     return str(Path(sys.executable).parent / "colloc")
 
 
-def detect_gpu_memory_mib(cfg: CollocConfig) -> int:
-    """Smallest GPU memory the configured backend reports (NVML or sim)."""
+def detect_gpus(cfg: CollocConfig) -> list[GpuInfo]:
+    """The GPUs the configured backend reports (NVML or sim)."""
     from slurm_colloc.gpu.select import backend_from_config
 
     backend = backend_from_config(cfg, with_dcgm=False)
@@ -86,18 +96,33 @@ def detect_gpu_memory_mib(cfg: CollocConfig) -> int:
     if not gpus:
         raise InstallError(f"the {cfg.gpu_backend} GPU backend reports no GPUs; "
                            "set gpu_memory_mib in colloc.conf")
-    return min(g.memory_total_mib for g in gpus)
+    return gpus
+
+
+def detect_gpu_memory_mib(cfg: CollocConfig) -> int:
+    """Smallest GPU memory the configured backend reports (NVML or sim)."""
+    return min(g.memory_total_mib for g in detect_gpus(cfg))
 
 
 def settings_from_config(
     cfg: CollocConfig, *, gpu_memory_mib: int | None = None,
     trusted_uids: Sequence[int] = (0,),
 ) -> SiteSettings:
-    """Site settings from colloc.conf; GPU memory detected when the config says 0."""
-    mem = gpu_memory_mib or cfg.gpu_memory_mib or detect_gpu_memory_mib(cfg)
+    """Site settings from colloc.conf; GPU memory detected when the config says 0.
+
+    Shards divide what jobs can use of the smallest GPU (:mod:`slurm_colloc.gpu.budget`).
+    """
+    mem = gpu_memory_mib or cfg.gpu_memory_mib
+    if mem:
+        usable = budget(cfg, mem).usable_mib
+    else:
+        gpus = detect_gpus(cfg)
+        small = min(gpus, key=lambda g: budget_of(cfg, g).usable_mib)
+        mem, usable = small.memory_total_mib, budget_of(cfg, small).usable_mib
     return SiteSettings(
         shard_mib=cfg.shard_mib,
         gpu_memory_mib=mem,
+        usable_mib=usable,
         default_colloc_mib=cfg.default_colloc_mib,
         estimator_command=cfg.estimator_command,
         estimate_timeout_s=cfg.estimate_timeout_s,
@@ -133,7 +158,7 @@ def render_job_submit(s: SiteSettings) -> str:
         _source("lua", "job_submit.lua"),
         [
             f"shard_mib = {s.shard_mib}",
-            f"gpu_memory_mib = {s.gpu_memory_mib}",
+            f"gpu_memory_mib = {s.jobs_mib}",  # what jobs can have of one GPU
             f"default_colloc_mib = {s.default_colloc_mib}",
             f"trusted_uids = {{ {uids} }}",
         ],
@@ -174,27 +199,40 @@ def slurm_conf_lines(conf_dir: Path, plugstack: Path | None = None) -> list[str]
 
 
 def gres_conf_lines(
-    gpus: Sequence[GpuInfo], shard_mib: int, device_pattern: str = "/dev/nvidia{index}",
+    gpus: Sequence[GpuInfo], cfg: CollocConfig, device_pattern: str = "/dev/nvidia{index}",
     node_name: str | None = None,
 ) -> tuple[str, str]:
     """(gres.conf text, the node's ``Gres=`` value): one shard line per GPU.
 
     Per-GPU ``Name=shard ... File=`` lines keep a job's shards on one GPU and tell
-    the job which GPU; each GPU offers memory // shard_mib whole shards, so Slurm
-    can never promise a GPU more memory than it has.
+    the job which GPU. Each GPU offers the whole shards of what jobs can use of it
+    (its memory less the driver's reserve and the MPS servers' share,
+    :mod:`slurm_colloc.gpu.budget`), so Slurm never promises more than a job can get.
+    GPUs are listed in device-file order (minor number), which is Slurm's index order,
+    and ``{index}`` in the pattern is the minor number (NVML's index if unknown).
     """
+    from slurm_colloc.gpu.identity import slurm_order
+
     prefix = f"NodeName={node_name} " if node_name else ""
-    lines = [f"# generated by colloc admin gres-conf (shard = {shard_mib} MiB)", "AutoDetect=off"]
-    lines += [f"{prefix}Name=gpu File={device_pattern.format(index=g.index)}" for g in gpus]
+    order = slurm_order(gpus)
+    lines = [f"# generated by colloc admin gres-conf (shard = {cfg.shard_mib} MiB)",
+             "AutoDetect=off"]
+
+    def dev(g: GpuInfo) -> str:
+        return device_pattern.format(index=g.index if g.minor_number is None else g.minor_number)
+
+    lines += [f"{prefix}Name=gpu File={dev(g)}" for g in order]
     total = 0
-    for g in gpus:
-        count = g.memory_total_mib // shard_mib
-        total += count
-        lines.append(f"# GPU {g.index}: {g.name}, {g.memory_total_mib} MiB")
+    for i, g in enumerate(order):
+        b = budget_of(cfg, g)
+        b.check()
+        total += b.shards_per_gpu
         lines.append(
-            f"{prefix}Name=shard Count={count} File={device_pattern.format(index=g.index)}"
+            f"# Slurm GPU {i}: {g.name} {g.uuid}, {g.memory_total_mib} MiB - {b.reserved_mib} "
+            f"reserved - {b.servers} x {b.server_mib} MPS = {b.usable_mib} MiB for shards"
         )
-    return "\n".join(lines) + "\n", f"Gres=gpu:{len(gpus)},shard:{total}"
+        lines.append(f"{prefix}Name=shard Count={b.shards_per_gpu} File={dev(g)}")
+    return "\n".join(lines) + "\n", f"Gres=gpu:{len(order)},shard:{total}"
 
 
 # ------------------------------------------------------------------ building

@@ -223,3 +223,26 @@ def test_enforcement_rides_on_the_same_sample(
     assert v is not None and v.action == enforce.FLAGGED and v.peak_mib == 6000
     off = replace(cfg, enforce_over_limit="off", enforce_outside_mps="off")
     assert not Collector(off, backend).enforcer.active
+
+
+def test_rows_are_kept_by_slurm_index_when_nvml_order_differs(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """NVML's GPU 0 is Slurm's GPU 1 when the device files' minors run the other way."""
+    from slurm_colloc.gpu.backend import GpuInfo
+
+    cfg, backend, state = make(tmp_path)
+
+    class Reversed(SimBackend):
+        def gpus(self) -> list[GpuInfo]:
+            out = super().gpus()
+            return [replace(g, minor_number=len(out) - 1 - g.index) for g in out]
+
+    rev = Reversed(state)
+    pid = spawn(procs, {"SLURM_JOB_ID": "301"})
+    register(state, pid, 0, 1500)  # NVML index 0
+    col = Collector(cfg, rev, clock=Clock(1_000_000.0))
+    col.step()
+    col.close()
+    rows = store.read_series(cfg.metrics_dir, 301, 0).rows
+    assert rows and {r.gpu for r in rows} == {1}

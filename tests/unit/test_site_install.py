@@ -38,15 +38,26 @@ def test_settings_validation() -> None:
 
 def test_settings_from_config_uses_config_memory() -> None:
     s = site.settings_from_config(CollocConfig(gpu_memory_mib=16384), trusted_uids=[5])
-    assert s.shards_per_gpu == 16 and s.trusted_uids == (0, 5)
+    # 16384 - 2 MPS servers x 64 MiB leaves 16256 MiB: 15 whole shards, not 16
+    assert s.shards_per_gpu == 15 and s.trusted_uids == (0, 5)
+    assert "gpu_memory_mib = 16256," in site.render_job_submit(s)
+    assert site.settings_from_config(
+        CollocConfig(gpu_memory_mib=16384, mps_servers_per_gpu=0)).shards_per_gpu == 16
 
 
-def test_gres_lines() -> None:
-    gpus = [GpuInfo(0, "u0", "A100", 40960), GpuInfo(1, "u1", "A100", 40536)]
-    text, node = site.gres_conf_lines(gpus, 1024)
-    assert "Name=shard Count=40 File=/dev/nvidia0" in text
-    assert "Name=shard Count=39 File=/dev/nvidia1" in text
-    assert node == "Gres=gpu:2,shard:79"
+def test_gres_lines_leave_room_for_overheads_and_follow_device_files() -> None:
+    """40 one-GiB shards on a 40 GiB GPU would over-commit it (reserve, servers)."""
+    gpus = [GpuInfo(0, "u0", "A100", 40960, minor_number=1, reserved_mib=512),
+            GpuInfo(1, "u1", "A100", 40536, minor_number=0, reserved_mib=0)]
+    text, node = site.gres_conf_lines(gpus, CollocConfig())
+    lines = text.splitlines()
+    # Slurm's GPU 0 is /dev/nvidia0 = NVML's GPU 1 here: its lines come first
+    assert lines.index("Name=gpu File=/dev/nvidia0") < lines.index("Name=gpu File=/dev/nvidia1")
+    assert "Name=shard Count=39 File=/dev/nvidia1" in text  # (40960-512-128)//1024
+    assert "Name=shard Count=39 File=/dev/nvidia0" in text  # (40536-128)//1024
+    assert node == "Gres=gpu:2,shard:78"
+    with pytest.raises(ValueError, match="not one shard"):
+        site.gres_conf_lines([GpuInfo(0, "u", "tiny", 1100, reserved_mib=512)], CollocConfig())
 
 
 @needs_cc
