@@ -104,8 +104,13 @@ def run(console: Console, root: Path | None = None) -> int:
     """Bring the devcluster up and play the scenes; return a process exit code."""
     cluster = Cluster.at(root) if root else Cluster.at()
     console.rule("[bold]slurm-colloc demo: GPU sharing on a local Slurm cluster")
+    b = cluster.spec.budget()
     console.print("Bringing up munged, MariaDB, slurmdbd, slurmctld, slurmd "
-                  "(4 simulated A100 40 GB GPUs, 40 shards of 1 GiB each)...")
+                  f"({cluster.spec.gpus} simulated A100 40 GB GPUs; of each GPU's "
+                  f"{b.total_mib} MiB the driver keeps {b.reserved_mib} and MPS servers "
+                  f"{b.servers} x {b.server_mib}, leaving {b.shards_per_gpu} shards of "
+                  f"{b.shard_mib} MiB for jobs; each job's MPS limit leaves "
+                  f"{b.context_mib} MiB of its shards for its CUDA context)...")
     secs = cluster.up()
     console.print(f"[green]cluster up[/] in {secs:.1f}s (root {cluster.layout.root})\n")
     slurm = SlurmCli(env=cluster.env())
@@ -141,7 +146,8 @@ def run(console: Console, root: Path | None = None) -> int:
         if rec_job.get("Restarts", "0") != "0" and not seen_oom:
             seen_oom = True
             console.print(f"  [yellow]{RECOVERED} ran out of GPU memory under its MPS limit[/]: "
-                          "the epilog kept its log and requeued it on a whole GPU (40 shards)")
+                          "the epilog kept its log and requeued it on a whole GPU "
+                          f"({cluster.spec.shards_per_gpu} shards)")
         if all(v in ("COMPLETED", "FAILED", "CANCELLED") for v in states.values()) and (
             rec_job.get("JobState") == states[RECOVERED]
         ):

@@ -130,6 +130,7 @@ def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
             f'sim_state_dir = "{layout.sim}"',
             f"shard_mib = {spec.shard_mib}",
             f"gpu_memory_mib = {spec.gpu_memory_mib}",
+            f"gpu_reserved_mib = {spec.colloc_config().gpu_reserved_mib}",
             f'mps_control = "{venv_bin / "colloc-sim-mps-control"}"',
             f'mps_root = "{layout.run / "mps"}"',
             f'evidence_dir = "{v / "evidence"}"',

@@ -11,6 +11,10 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.budget import GpuBudget, budget
+from slurm_colloc.gpu.sim.state import DEFAULT_RESERVED_MIB
+
 DEFAULT_ROOT = Path("/var/lib/colloc-devcluster")
 
 
@@ -38,16 +42,26 @@ class Spec:
             raise ValueError(f"--gpus {self.gpus}: must be 1..64")
         if not 1024 <= self.gpu_memory_mib <= 1 << 20:
             raise ValueError(f"--gpu-memory {self.gpu_memory_mib} MiB: must be 1 GiB..1 TiB")
-        if self.gpu_memory_mib // self.shard_mib < 1:
-            raise ValueError("shard size larger than a GPU")
+        if self.shards_per_gpu < 1:
+            raise ValueError("shard size larger than what jobs can use of a GPU")
         ports = [self.ctld_port, self.slurmd_port, self.dbd_port, self.mysql_port]
         if len(set(ports)) != len(ports) or not all(1024 < p < 65536 for p in ports):
             raise ValueError(f"ports must be distinct and in 1025..65535: {ports}")
 
     @property
     def shards_per_gpu(self) -> int:
-        """Shards one GPU offers: whole shards only, so memory is never over-promised."""
-        return self.gpu_memory_mib // self.shard_mib
+        """Shards one GPU offers: whole shards of what jobs can use of it (the simulated
+        GPU keeps a driver reserve and MPS servers take memory, as real ones do)."""
+        return self.budget().shards_per_gpu
+
+    def colloc_config(self) -> CollocConfig:
+        """The memory settings the devcluster's colloc.conf carries."""
+        return CollocConfig(shard_mib=self.shard_mib, gpu_memory_mib=self.gpu_memory_mib,
+                            gpu_reserved_mib=DEFAULT_RESERVED_MIB)
+
+    def budget(self) -> GpuBudget:
+        """The simulated GPUs' memory arithmetic (:mod:`slurm_colloc.gpu.budget`)."""
+        return budget(self.colloc_config(), self.gpu_memory_mib)
 
     def to_json(self) -> str:
         """Serialise for the root directory's spec.json."""

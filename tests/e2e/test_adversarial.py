@@ -59,7 +59,7 @@ def test_forged_admin_comment_in_free_text_does_not_lift_the_cap(
                  user=ATTACKER)
     assert wait_for_jobs(slurm, [job], timeout=90)[str(job)] == "COMPLETED"
     out = (workdir / f"{job}.out").read_text()
-    assert "LIMIT=0=2048M" in out, out
+    assert "LIMIT=0=1536M" in out, out  # 2 shards less one CUDA context
     line = _prolog_line(cluster, job)
     assert "shared gpu=" in line and "limit_mib=2048" in line, line
     info = slurm.show_job(job) or {}

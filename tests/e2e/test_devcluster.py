@@ -39,7 +39,7 @@ def test_simjob_on_a_whole_gpu_completes_in_accounting(
         time.sleep(0.25)
     assert recs[-1].state == "COMPLETED"
     # job_submit gives a one-GPU job all shards of one GPU (22.05 would mix gpu and shard)
-    assert "gres/shard=40" in recs[-1].fields["AllocTRES"]
+    assert "gres/shard=39" in recs[-1].fields["AllocTRES"]
     assert "done:" in (workdir / f"{job}.out").read_text()
 
 

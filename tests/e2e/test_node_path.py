@@ -54,7 +54,10 @@ def test_collocated_jobs_share_one_gpu_within_their_limits(
     assert set(states.values()) == {"COMPLETED"}, states
     assert len({g.split("IDX:")[-1] for g in gres}) == 1, gres  # one GPU, shared
     outs = [(workdir / f"{j}.out").read_text() for j in jobs]
-    assert "LIMIT=0=8192M" in outs[0] and "LIMIT=0=12288M" in outs[1]
+    # pinned limits: shards less one CUDA context (512 MiB), which MPS does not count
+    assert "LIMIT=0=7680M" in outs[0] and "LIMIT=0=11776M" in outs[1]
+    # the client names its GPU by UUID, never by the index MPS would remap
+    assert all("GPU=GPU-" in o for o in outs), outs
     assert all("co-tenants 2" in o for o in outs), "the three jobs ran side by side"
     tenancy = Tenancy(Path(_cfg(cluster).mps_root))
     assert tenancy.all_jobs() == {}, "every epilog released its MPS registration"
@@ -70,9 +73,9 @@ def test_oom_over_limit_is_requeued_on_a_whole_gpu_and_completes(
     assert _wait_final(slurm, job) == "COMPLETED"
     info = slurm.show_job(job) or {}
     assert info["Restarts"] == "1"
-    assert "gres:shard:40" in info["TresPerNode"]
+    assert "gres:shard:39" in info["TresPerNode"]  # all a 40 GiB GPU has for jobs
     final = (workdir / f"{job}.out").read_text()
-    assert "attempt=1" in final and "LIMIT=0=40960M" in final
+    assert "attempt=1" in final and "LIMIT=0=39424M" in final
     evidence = Path(_cfg(cluster).evidence_dir) / str(job) / "attempt0"
     kept = "".join(p.read_text() for p in evidence.iterdir())
     assert "torch.OutOfMemoryError: CUDA out of memory" in kept  # first attempt survives
@@ -198,7 +201,7 @@ def test_stale_registrations_from_a_crashed_epilog_are_reaped(
         absent = tenancy.user_dir(gpu, 0) / "absent"
         absent.mkdir(exist_ok=True)
         (absent / "999999").write_text(f"{time.time() - 2 * ABSENT_GRACE_S}\n")
-    job = sbatch(cluster, workdir, 'echo "GPU=$CUDA_VISIBLE_DEVICES"', "--gres=shard:2")
+    job = sbatch(cluster, workdir, 'echo "GPU=$COLLOC_GPU"', "--gres=shard:2")
     assert wait_for_jobs(slurm, [job], timeout=60)[str(job)] == "COMPLETED"
     gpu = int((workdir / f"{job}.out").read_text().split("GPU=")[1].split()[0])
     assert 999999 not in tenancy.jobs_of(gpu, 0)  # reaped by the prolog of the GPU's next job
@@ -222,8 +225,8 @@ def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
     assert _wait_final(slurm, culprit, timeout=180) == "FAILED"
     assert _wait_final(slurm, victim, timeout=180) == "COMPLETED"
     v, c = slurm.show_job(victim) or {}, slurm.show_job(culprit) or {}
-    assert v["Restarts"] == "1" and "gres:shard:40" in v["TresPerNode"]
-    assert c["Restarts"] == "1" and "gres:shard:40" in c["TresPerNode"]
+    assert v["Restarts"] == "1" and "gres:shard:39" in v["TresPerNode"]
+    assert c["Restarts"] == "1" and "gres:shard:39" in c["TresPerNode"]
     cfg = _cfg(cluster)
     servers = set()
     for job in (victim, culprit):

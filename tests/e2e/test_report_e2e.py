@@ -61,7 +61,7 @@ def test_collocated_and_recovered_jobs_are_reported(
     a0, a1 = dc["attempts"]
     assert a0["oom"]["cause"] == "gpu-oom" and a0["requeue"]["requeued"]
     assert Path(a0["oom"]["evidence"]).is_file()
-    assert a0["limit_mib"] == 6144 and a1["limit_mib"] == 40960
+    assert a0["limit_mib"] == 6144 and a1["limit_mib"] == 39936
     assert 12000 <= a1["peak_mib"] <= 12288
     assert any("--colloc-mem=14G" in r for r in dc["recommendations"])
 

@@ -107,7 +107,7 @@ def test_bypassing_cli_filter_gets_whole_gpu(cluster, slurm, workdir, jobs) -> N
     jobs.append(_job_id(cp))
     assert "whole GPU" in cp.stderr and "bypassed" in cp.stderr
     info = slurm.show_job(jobs[0])
-    assert info is not None and info["TresPerNode"] == "gres:shard:40"
+    assert info is not None and info["TresPerNode"] == "gres:shard:39"
     rec = parse_record(info["AdminComment"])
     assert rec is not None and rec.mode == "default" and rec.why == "no-estimate"
 
@@ -128,7 +128,7 @@ def test_forged_estimate_is_checked(cluster, workdir) -> None:
     (["--colloc-mem=2G", "--gpus=1"], None, "cannot be combined with --gres=gpu"),
     (["--colloc-mem=2G", "--gres=shard:2"], None, "--colloc-mem=SIZE instead"),
     (["--colloc-mem=2G", "-N", "2"], None, "one node"),
-    (["--colloc-mem=41G"], None, "one GPU offers at most 40960 MiB"),
+    (["--colloc-mem=41G"], None, "one GPU offers at most 39936 MiB"),
     (["--colloc-mem=lots"], None, "expected a size"),
     (["--colloc-batch-size=0", "--colloc=S"], "mib=1", "positive integer"),
     (["--colloc=S"], "mib=1", "needs --colloc-batch-size"),
@@ -161,7 +161,7 @@ def _gres_index(info: dict[str, str]) -> tuple[int, int] | None:
 
 
 def test_jobs_fill_gpus_in_shards_without_overcommit(cluster, slurm, workdir, jobs) -> None:
-    sizes = [30, 30, 20, 15, 10, 10, 8, 8, 5, 5, 30, 30]  # GiB: 201 > 4 x 40
+    sizes = [30, 30, 20, 15, 10, 10, 8, 8, 5, 5, 30, 30]  # GiB: 201 > 4 x 39
     for gib in sizes:
         cp = subprocess.run(
             ["sbatch", "--parsable", "-o", "/dev/null", f"--chdir={workdir}",
@@ -191,10 +191,10 @@ def test_jobs_fill_gpus_in_shards_without_overcommit(cluster, slurm, workdir, jo
         assert got is not None, i
         per_gpu[got[1]] += got[0]
         jobs_per_gpu[got[1]] += 1
-    assert all(v <= 40 for v in per_gpu.values()), per_gpu  # never over-committed
+    assert all(v <= 39 for v in per_gpu.values()), per_gpu  # never over-committed
     assert max(jobs_per_gpu.values()) >= 2, jobs_per_gpu  # GPUs are shared
     # whatever waits does so because its shards do not fit on any GPU now
-    free = [40 - per_gpu.get(g, 0) for g in range(4)]
+    free = [39 - per_gpu.get(g, 0) for g in range(4)]
     for i in pending:
         need = int(i["TresPerNode"].rsplit(":", 1)[1])
         assert need > max(free), (need, free)

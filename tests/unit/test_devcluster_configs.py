@@ -14,13 +14,16 @@ def test_gres_conf_binds_shards_per_gpu() -> None:
     spec = Spec(gpus=3, gpu_memory_mib=40960, shard_mib=1024)
     text = configs.gres_conf(spec, Layout(Path("/r")))
     shard_lines = [ln for ln in text.splitlines() if ln.startswith("Name=shard")]
-    assert shard_lines == [f"Name=shard Count=40 File=/r/dev/nvidia{i}" for i in range(3)]
+    # (40960 - 512 reserved - 2 x 64 MPS servers) // 1024 = 39: 40 would over-commit
+    assert shard_lines == [f"Name=shard Count=39 File=/r/dev/nvidia{i}" for i in range(3)]
 
 
 def test_slurm_conf_declares_node_gres_and_accounting() -> None:
-    spec = Spec(gpus=2, gpu_memory_mib=20480 + 512, shard_mib=1024)
+    spec = Spec(gpus=2, gpu_memory_mib=20480 + 512 + 128, shard_mib=1024)
     text = configs.slurm_conf(spec, Layout(Path("/r")), {"Prolog": Path("/r/bin/p")})
     assert "Gres=gpu:2,shard:40 " in text  # 20 whole shards per GPU: never over-promise
+    smaller = Spec(gpus=2, gpu_memory_mib=20480 + 512 + 127, shard_mib=1024)
+    assert "Gres=gpu:2,shard:38 " in configs.slurm_conf(smaller, Layout(Path("/r")))
     assert "SelectType=select/cons_tres" in text
     assert "AccountingStoragePass=/r/munge/munge.socket" in text
     assert "Prolog=/r/bin/p" in text and "PrologFlags=Alloc" in text
