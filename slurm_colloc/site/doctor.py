@@ -10,11 +10,14 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.site.install import MARKER, PLUGIN_NAME
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmCli, SlurmError
+
+if TYPE_CHECKING:
+    from slurm_colloc.gpu.identity import GpuMap
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -154,13 +157,62 @@ def check_live(adapter: SlurmAdapter | None = None) -> list[Finding]:
     return f
 
 
-def check_gpus(cfg: CollocConfig) -> list[Finding]:
-    """On a GPU node: the backend works and every GPU is in a compute mode MPS can share.
+_GRES_FILE = re.compile(r"^(?P<pre>.*?)\[(?P<a>\d+)-(?P<b>\d+)\](?P<post>.*)$")
+
+
+def expand_gres_files(value: str) -> list[str]:
+    """``/dev/nvidia[0-3]`` -> four paths; ``a,b`` lists; one range per item."""
+    out: list[str] = []
+    for item in (v.strip() for v in value.split(",")):
+        m = _GRES_FILE.match(item)
+        if m and int(m["b"]) - int(m["a"]) < 1024:
+            out += [f"{m['pre']}{i}{m['post']}" for i in range(int(m["a"]), int(m["b"]) + 1)]
+        elif item:
+            out.append(item)
+    return out
+
+
+def read_gres_conf(path: Path, node: str | None = None) -> tuple[list[str], dict[str, int]]:
+    """(gpu device files in Slurm's index order, shard Count per device file).
+
+    Only the simple per-GPU lines ``colloc admin gres-conf`` writes are understood
+    (``[NodeName=X] Name=gpu|shard [Count=N] File=...``); lines of other nodes are
+    skipped when ``node`` is given. Slurm numbers GPUs in device-file order (natural
+    sort), so the files are sorted the same way.
+    """
+    gpu_files: list[str] = []
+    shards: dict[str, int] = {}
+    for raw in path.read_text(errors="replace").splitlines():
+        words = dict(w.split("=", 1) for w in raw.split("#", 1)[0].split() if "=" in w)
+        words = {k.lower(): v for k, v in words.items()}
+        if node and "nodename" in words and words["nodename"] != node:
+            continue
+        files = expand_gres_files(words.get("file", ""))
+        if words.get("name") == "gpu":
+            gpu_files += files
+        elif words.get("name") == "shard" and len(files) == 1:
+            count = words.get("count", "0")
+            shards[files[0]] = int(count) if count.isdigit() else 0
+
+    def natural(p: str) -> tuple[str, int]:
+        m = re.search(r"(\d+)$", p)
+        return (p[: m.start()] if m else p, int(m.group(1)) if m else -1)
+
+    return sorted(gpu_files, key=natural), shards
+
+
+def check_gpus(cfg: CollocConfig, gres_conf: Path | None = None) -> list[Finding]:
+    """On a GPU node: backend, compute mode, Slurm's GPU order, and shards vs memory.
 
     One MPS server per (GPU, user) (docs/node.md) needs compute mode DEFAULT; a GPU in
     EXCLUSIVE_PROCESS mode admits one context, so a second user's job would fail.
+    Slurm numbers GPUs by device file; colloc maps that index to a UUID by minor number
+    (:mod:`slurm_colloc.gpu.identity`), and gres.conf must declare no more shards per
+    GPU than its memory budget allows (:mod:`slurm_colloc.gpu.budget`).
     """
     from slurm_colloc.gpu.backend import GpuBackendError
+    from slurm_colloc.gpu.budget import BudgetError, budget_of
+    from slurm_colloc.gpu.identity import GpuIdentityError, GpuMap
     from slurm_colloc.gpu.nvml import NvmlBackend
     from slurm_colloc.gpu.select import backend_from_config
 
@@ -176,8 +228,51 @@ def check_gpus(cfg: CollocConfig) -> list[Finding]:
             f.append(Finding("fail", "GPU compute mode",
                              f"GPUs {bad} must be DEFAULT: nvidia-smi -i N -c DEFAULT")
                      if bad else Finding("ok", "GPU compute mode", "DEFAULT on all GPUs"))
+        try:
+            gmap = GpuMap.from_gpus(gpus)
+        except GpuIdentityError as e:
+            return [*f, Finding("fail", "GPU order", str(e))]
+        f.append(Finding("ok", "GPU order", "Slurm index -> UUID: " + ", ".join(
+            f"{i}={g.uuid}" + (f" (/dev/nvidia{g.minor_number})" if g.minor_number is not None
+                               else "") for i, g in enumerate(gmap.gpus))))
+        for i, g in enumerate(gmap.gpus):
+            b = budget_of(cfg, g)
+            try:
+                b.check()
+            except BudgetError as e:
+                f.append(Finding("fail", f"GPU {i} memory budget", str(e)))
+        if gres_conf is not None and gres_conf.exists():
+            f += _check_gres_against(gmap, cfg, gres_conf)
         return f
     except GpuBackendError as e:
         return [Finding("fail", f"gpu backend {cfg.gpu_backend}", str(e))]
     finally:
         backend.close()
+
+
+def _check_gres_against(gmap: GpuMap, cfg: CollocConfig, gres_conf: Path) -> list[Finding]:
+    """gres.conf's GPU files follow the minors; its shard counts fit each GPU's budget."""
+    import socket
+
+    from slurm_colloc.gpu.budget import budget_of
+    from slurm_colloc.gpu.identity import check_gres_files
+
+    files, shards = read_gres_conf(gres_conf, socket.gethostname().split(".")[0])
+    if not files:
+        return [Finding("warn", "gres.conf GPUs", f"{gres_conf}: no Name=gpu File= lines for "
+                        "this node (AutoDetect?): cannot check the GPU order")]
+    out: list[Finding] = []
+    if gmap.by_minor:
+        problems = check_gres_files(list(gmap.gpus), files)
+        out.append(Finding("fail", "gres.conf GPU order", "; ".join(problems)) if problems
+                   else Finding("ok", "gres.conf GPU order", "device files match the GPUs"))
+    over = []
+    for i, path in enumerate(files[: len(gmap.gpus)]):
+        have = budget_of(cfg, gmap.gpus[i]).shards_per_gpu
+        declared = shards.get(path)
+        if declared is not None and declared > have:
+            over.append(f"{path}: Count={declared} > {have}")
+    out.append(Finding("fail", "gres.conf shards", "more shards than memory for jobs ("
+                       + "; ".join(over) + "): regenerate with `colloc admin gres-conf`")
+               if over else Finding("ok", "gres.conf shards", "within each GPU's budget"))
+    return out
