@@ -96,17 +96,34 @@ def job_script(job: TraceJob) -> str:
     )
 
 
-def whole_gpu_args(rejected: list[str], trace: Trace) -> list[str]:
+def whole_gpu_args(rejected: list[str], whole_mib: int) -> list[str]:
     """A whole GPU for a job job_submit refused as larger than one GPU.
 
-    On a colloc node a whole GPU is all of its shards (``--colloc-mem`` = the GPU's
-    memory), never ``--gres=gpu:1``: Slurm 22.05 does not keep gres/gpu and gres/shard
-    jobs off each other's device, and a gpu:1 job was seen placed on a GPU that
-    shard jobs were using (it then ran out of memory next to them).
+    On a colloc node a whole GPU is all of its shards (``--colloc-mem`` = what jobs can
+    have of a GPU, ``whole_mib``), never ``--gres=gpu:1``: Slurm 22.05 does not keep
+    gres/gpu and gres/shard jobs off each other's device, and a gpu:1 job was seen
+    placed on a GPU that shard jobs were using (it then ran out of memory next to them).
     """
     if any(a.startswith("--colloc") for a in rejected):
-        return [f"--colloc-mem={trace.gpu_memory_mib}M"]
+        return [f"--colloc-mem={whole_mib}M"]
     return ["--gres=gpu:1"]
+
+
+def fit_to_gpu(args: list[str], shards_per_gpu: int, shard_mib: int) -> list[str]:
+    """Requests above one GPU's shards lowered to all of them (what a user asks next).
+
+    The trace's guesses are capped at the card's nominal memory (40 GiB), but only
+    ``shards_per_gpu`` shards of it are for jobs (driver reserve, MPS servers:
+    :mod:`slurm_colloc.gpu.budget`); Slurm would refuse ``shard:40`` outright.
+    """
+    out = []
+    for a in args:
+        if a.startswith("--gres=shard:") and a.rsplit(":", 1)[1].isdigit():
+            a = f"--gres=shard:{min(int(a.rsplit(':', 1)[1]), shards_per_gpu)}"
+        elif a.startswith("--colloc-mem=") and a.endswith("M") and a[13:-1].isdigit():
+            a = f"--colloc-mem={min(int(a[13:-1]), shards_per_gpu * shard_mib)}M"
+        out.append(a)
+    return out
 
 
 class Replayer:
@@ -169,15 +186,17 @@ class Replayer:
 
     def _submit_all(self, r: PolicyRun) -> None:
         shard_mib = r.cluster.spec.shard_mib
+        spg = r.cluster.spec.shards_per_gpu
         for job in sorted(self.trace.jobs, key=lambda j: j.arrival_s):
             delay = self.t0 + job.arrival_s / self.cfg.time_scale - time.time()
             if delay > 0:
                 time.sleep(delay)
-            args = r.policy.args(job, self._summary_file(r, job), shard_mib)
+            args = fit_to_gpu(r.policy.args(job, self._summary_file(r, job), shard_mib),
+                              spg, shard_mib)
             jid, err = self._sbatch(r, job, args)
             if jid is None and REJECTED_TOO_BIG in err:
                 r.fallbacks.append(job.name)  # what a user does next: ask for a whole GPU
-                jid, err = self._sbatch(r, job, whole_gpu_args(args, self.trace))
+                jid, err = self._sbatch(r, job, whole_gpu_args(args, spg * shard_mib))
             if jid is None:
                 r.submit_errors[job.name] = err
                 log.warning("%s: %s: sbatch failed: %s", r.policy.name, job.name, err)

@@ -128,9 +128,18 @@ def test_shared_data_profiles_load() -> None:
 
 def test_fallback_is_all_shards_on_colloc_clusters() -> None:
     from slurm_colloc.bench.replayer import whole_gpu_args
-    from slurm_colloc.bench.trace import Trace
 
-    t = Trace("t", "t", 4, 40960, ())
-    assert whole_gpu_args(["--colloc=/s.txt", "--colloc-batch-size=8"], t) == [
-        "--colloc-mem=40960M"]
-    assert whole_gpu_args(["--gres=shard:50"], t) == ["--gres=gpu:1"]
+    assert whole_gpu_args(["--colloc=/s.txt", "--colloc-batch-size=8"], 39936) == [
+        "--colloc-mem=39936M"]
+    assert whole_gpu_args(["--gres=shard:50"], 39936) == ["--gres=gpu:1"]
+
+
+def test_requests_above_what_a_gpu_has_for_jobs_become_the_whole_gpu() -> None:
+    """A 40 GiB guess on a 40 GiB card: only 39 shards are for jobs (reserve, servers)."""
+    from slurm_colloc.bench.replayer import fit_to_gpu
+
+    assert fit_to_gpu(["--gres=shard:40"], 39, 1024) == ["--gres=shard:39"]
+    assert fit_to_gpu(["--colloc-mem=40960M"], 39, 1024) == ["--colloc-mem=39936M"]
+    assert fit_to_gpu(["--colloc-mem=2048M", "--gres=shard:3"], 39, 1024) == [
+        "--colloc-mem=2048M", "--gres=shard:3"]
+    assert fit_to_gpu(["--colloc=/s.txt"], 39, 1024) == ["--colloc=/s.txt"]
