@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from slurm_colloc.gpu.sim.interference import DEFAULT_MODEL, InterferenceModel
+from slurm_colloc.gpu.sim.interference import (
+    DEFAULT_MODEL,
+    TIME_SLICED,
+    InterferenceModel,
+    rate_for,
+    shares_one_server,
+    thread_cap,
+)
 
 DATA = Path("/work/shared/data/colocation")
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "interference_fit.py"
@@ -42,3 +50,37 @@ def test_constants_are_the_fit_of_the_data():
     errs = mod.errors(frame, lambda s: DEFAULT_MODEL.rate([s]))
     naive = mod.errors(frame, lambda s: 1.0)
     assert errs["mae"] < naive["mae"]
+
+
+# --- one server's clients vs separate contexts, thread percentage (issue 12) -------------
+
+
+@dataclass(frozen=True)
+class T:
+    sm_pct: float
+    mps_server: int = 0
+
+
+def test_clients_of_one_server_run_concurrently_others_are_time_sliced():
+    one_user = [T(90, 100), T(90, 100)]
+    two_users = [T(90, 100), T(90, 200)]  # each user's own MPS server on the GPU
+    outside = [T(90, 100), T(90, 0)]  # one of them bypassed MPS
+    assert shares_one_server(one_user) and shares_one_server([T(90, 0)])
+    assert not shares_one_server(two_users) and not shares_one_server(outside)
+    assert not shares_one_server([T(90), T(90)])  # two processes, no MPS at all
+    assert rate_for(one_user) == DEFAULT_MODEL.rate([90, 90])
+    assert rate_for(two_users) == rate_for(outside) == TIME_SLICED.rate([90, 90])
+    # the same two jobs slow down more as two users' than as one user's
+    assert rate_for(two_users) < rate_for(one_user) < 1.0
+    assert rate_for([T(100, 0)]) == DEFAULT_MODEL.rate([100])  # alone: as ever
+
+
+def test_time_slicing_is_never_kinder_than_mps():
+    assert TIME_SLICED.alpha == 1.0 and TIME_SLICED.capacity_pct == DEFAULT_MODEL.capacity_pct
+    for total in range(0, 400, 5):
+        assert TIME_SLICED.rate([total]) <= DEFAULT_MODEL.rate([total])
+
+
+def test_thread_cap():
+    assert thread_cap(80, 50) == pytest.approx(50 / 80)
+    assert thread_cap(80, 80) == thread_cap(80, 100) == thread_cap(0, 10) == 1.0
