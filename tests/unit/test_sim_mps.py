@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def env_for(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env.update(
         CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"),
         CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"),
@@ -198,8 +198,11 @@ def test_running_servers_pinned_limit_can_be_set_for_new_clients(daemon):
     pid = control(daemon, stdin="get_server_list\n").stdout.split()[0]
     s1, line1 = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
     assert parse_ready(line1).limit_mib is None  # no limit yet
-    r = control(daemon, stdin=f"set_device_pinned_mem_limit {pid} 0 6G\n"
-                f"get_device_pinned_mem_limit {pid} 0\nset_device_pinned_mem_limit 1 0 6G\n")
+    r = control(
+        daemon,
+        stdin=f"set_device_pinned_mem_limit {pid} 0 6G\n"
+        f"get_device_pinned_mem_limit {pid} 0\nset_device_pinned_mem_limit 1 0 6G\n",
+    )
     lines = r.stdout.splitlines()
     assert lines[0] == "6144M" and "no server with PID 1" in lines[1]
     s2, line2 = client(daemon["CUDA_MPS_PIPE_DIRECTORY"])
@@ -228,23 +231,30 @@ def simjob_env(state: Path, base: dict[str, str] | None = None, **extra: str) ->
 
 
 def simjob(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "slurm_colloc.gpu.sim.simjob", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_colloc.gpu.sim.simjob", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("client_limit", [None, "0=30G", "30G"])
 def test_client_cannot_raise_or_drop_the_servers_default_limit(daemon, sim_gpus, client_limit):
     control(daemon, stdin="set_default_device_pinned_mem_limit 0 2G\n")
     extra = {} if client_limit is None else {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": client_limit}
-    _out, err = (p := simjob(simjob_env(sim_gpus, daemon, **extra),
-                            "--mem", "3G", "--seconds", "0.3")).communicate(timeout=30)
+    _out, err = (
+        p := simjob(simjob_env(sim_gpus, daemon, **extra), "--mem", "3G", "--seconds", "0.3")
+    ).communicate(timeout=30)
     assert p.returncode == 1 and "total capacity of 2.00 GiB" in err
 
 
 def test_client_can_lower_the_servers_default_limit(daemon, sim_gpus):
     control(daemon, stdin="set_default_device_pinned_mem_limit 0 8G\n")
     env = simjob_env(sim_gpus, daemon, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1G")
-    _out, err = (p := simjob(env, "--mem", "1500M", "--seconds", "0.3")).communicate(timeout=30)
+    # the limit binds allocations: footprint 1537 MiB = 512 MiB context + 1025 MiB
+    _out, err = (p := simjob(env, "--mem", "1537M", "--seconds", "0.3")).communicate(timeout=30)
     assert p.returncode == 1 and "total capacity of 1024.00 MiB" in err, err[-400:]
 
 
@@ -261,6 +271,14 @@ def test_job_without_mps_env_shows_up_as_a_non_mps_process(daemon, sim_gpus):
             procs = {p.pid: p.mps_client for p in backend.sample(0).processes}
             time.sleep(0.05)
         assert procs == {with_mps.pid: True, bypass.pid: False}
+        # the driver's reserve, one MPS server (not listed as a process: the collector
+        # would charge it to its user's job as a process outside MPS), both footprints
+        sample = backend.sample(0)
+        while sum(p.used_mib for p in sample.processes) < 3072 and time.monotonic() < deadline:
+            time.sleep(0.05)  # each creates its context before it allocates
+            sample = backend.sample(0)
+        assert sample.memory_used_mib == 512 + 64 + 1024 + 2048
+        assert sum(p.used_mib for p in sample.processes) == 1024 + 2048
         servers = control(daemon, stdin="get_server_list\n").stdout.split()
         from slurm_colloc.gpu.sim.state import read_records
 
@@ -270,3 +288,38 @@ def test_job_without_mps_env_shows_up_as_a_non_mps_process(daemon, sim_gpus):
         for p in (with_mps, bypass):
             p.terminate()
             p.communicate(timeout=10)
+
+
+# --- the daemon's devices travel with the grant (issue 12) ---------------------------------
+
+
+def test_ready_line_forms_and_backward_compatibility():
+    from slurm_colloc.gpu.sim.mps_protocol import MpsError, format_ready
+
+    old = parse_ready("READY 42 - 100")  # a four-field grant: the server sees every GPU
+    assert old.visible_devices is None and old.limit_mib is None
+    assert parse_ready("READY 42 4096 50 0,2").visible_devices == "0,2"
+    for visible in (None, "", "GPU-1234", "0, 2"):
+        line = format_ready(42, 4096, 50.0, visible)
+        assert len(line.split()) == 5
+        expected = None if visible is None else visible.replace(" ", "")
+        assert parse_ready(line).visible_devices == expected
+    for bad in ("READY 42 - 100 0 extra", "READY x - 100", "WAIT 1 2 3"):
+        with pytest.raises(MpsError):
+            parse_ready(bad)
+
+
+@pytest.mark.parametrize("visible", [None, "GPU-6f1e5d1c-aaaa", "1,3"])
+def test_daemon_hands_its_visible_devices_to_clients(tmp_path, visible):
+    env = env_for(tmp_path)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    assert control(env, "-d").returncode == 0
+    try:
+        s, line = client(env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert parse_ready(line).visible_devices == visible
+        s.close()
+        shown = "<unset>" if visible is None else visible
+        assert f"CUDA_VISIBLE_DEVICES={shown}" in (tmp_path / "log" / "control.log").read_text()
+    finally:
+        control(env, stdin="quit\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_colloc.gpu.sim import init_state
+from slurm_colloc.gpu.sim import init_state, load_spec
 from slurm_colloc.gpu.sim.mps_client import ServerNotReady, request_server
 from slurm_colloc.gpu.sim.mps_protocol import ExactLineReader, parse_ready
 from slurm_colloc.gpu.sim.state import read_records
@@ -42,8 +42,16 @@ def base_env(state: Path, gpu: str = "0") -> dict[str, str]:
 
 
 def start_daemon(root: Path, state: Path, gpu: str = "0") -> dict[str, str]:
-    """A daemon with its own pipe/log dirs under ``root`` (one daemon = one GPU)."""
-    env = base_env(state, gpu)
+    """A daemon with its own pipe/log dirs under ``root`` (one daemon = one GPU).
+
+    As the prolog does it: daemon and clients name the GPU by UUID, the one name
+    that means the same GPU inside and outside MPS (a client keeping the node's index
+    of a GPU other than 0 finds no device under a daemon that sees only that GPU).
+    """
+    name = gpu
+    if (state / "spec.json").exists():
+        name = load_spec(state).uuid(int(gpu))
+    env = base_env(state, name)
     env.update(CUDA_MPS_PIPE_DIRECTORY=str(root / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(root / "log"))
     r = subprocess.run([*CTL, "-d"], env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr

@@ -27,6 +27,11 @@ of its ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and its server's limit: the server-s
 limit holds for a client that unset the variable. Each server is a real
 (idle) child process running as its UID, so ``get_server_list`` prints live PIDs.
 
+Devices: the daemon keeps the ``CUDA_VISIBLE_DEVICES`` it was started with and
+hands it to every client it grants a server (:mod:`.mps_protocol`), because under
+MPS a client's device numbers are the server's, not the node's: a job that keeps the
+node's index of its GPU fails on a real node, and must fail here too.
+
 Error containment (Volta and later MPS): a client that reports a fatal GPU exception
 (``FAULT``, see :mod:`.mps_protocol`) puts its server in recovery: every other client
 of the server is told (``FATAL``), new clients of that user are refused
@@ -58,9 +63,11 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     NOT_READY,
     PID_FILE,
     SOCKET_NAME,
+    VISIBLE_ENV,
     LineReader,
     MpsError,
     connect,
+    format_ready,
     log_dir_from_env,
     peer_credentials,
     pipe_dir_from_env,
@@ -144,6 +151,8 @@ class Daemon:
         self.pipe_dir = pipe_dir
         self.log = log
         self.owner = os.geteuid()
+        # the devices its servers see, fixed at start as in MPS; None: every GPU
+        self.visible = os.environ.get(VISIBLE_ENV)
         self.default_pct = 100.0
         self.default_limits: dict[int | None, int] = {}
         self.servers: list[Server] = []
@@ -173,6 +182,10 @@ class Daemon:
         log.ctl(
             "To connect CUDA applications to this daemon, "
             f"set env CUDA_MPS_PIPE_DIRECTORY={pipe_dir}"
+        )
+        log.ctl(
+            f"{VISIBLE_ENV}="
+            + ("<unset>: servers see every device" if self.visible is None else self.visible)
         )
 
     # --- servers ---------------------------------------------------------------
@@ -226,7 +239,7 @@ class Daemon:
     def _grant(self, server: Server, client: Client) -> None:
         server.clients.append(client)
         limit = limit_for(server.limits, client.device)
-        msg = f"READY {server.pid} {'-' if limit is None else limit} {server.active_thread_pct:g}\n"
+        msg = format_ready(server.pid, limit, server.active_thread_pct, self.visible) + "\n"
         self.log.srv(server.pid, f"New client {client.pid} connected")
         try:
             client.conn.sendall(msg.encode())

@@ -9,9 +9,19 @@ connect there. The stand-in does the same with a small line protocol:
 * first line ``CLIENT <device>``: a CUDA client (a simjob) asking for an MPS
   server. The daemon answers ``WAIT <uid> <server_pid> <n_clients>`` lines while
   another user's server still has clients, then ``READY <server_pid> <limit_mib|->
-  <active_thread_pct>``. The client keeps the connection open for its lifetime; the
-  daemon learns of its end (even SIGKILL) when the socket closes. The client's uid
-  and pid come from ``SO_PEERCRED``, never from the client's word.
+  <active_thread_pct> <visible|->``. The client keeps the connection open for its
+  lifetime; the daemon learns of its end (even SIGKILL) when the socket closes. The
+  client's uid and pid come from ``SO_PEERCRED``, never from the client's word.
+  ``<device>`` is the device as the server numbers it (below); the limit is that
+  device's.
+
+Device remapping: the MPS server sees the devices of the control daemon's
+``CUDA_VISIBLE_DEVICES`` (as it was when the daemon started) and numbers them from
+0; a client's ``CUDA_VISIBLE_DEVICES`` then selects among *those* (NVIDIA's MPS
+documentation: a daemon started with ``0,2`` gives clients devices 0 and 1, so a
+client keeping ``0,2`` fails). ``<visible>`` is the daemon's raw value, whitespace
+removed, so that the client can resolve it: ``-`` when unset (every device), ``,``
+when set but empty (no device). A four-field READY (an older daemon) means ``-``.
 
 Fatal GPU exceptions (error containment of Volta and later MPS): after READY a
 client may send the line ``FAULT``: it hit a fatal GPU exception (an illegal memory
@@ -43,6 +53,7 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 END = b"\0"
 MAX_LINE = 4096
 FAULT = "FAULT"
@@ -164,12 +175,39 @@ class ServerGrant:
     server_pid: int
     limit_mib: int | None
     active_thread_pct: float
+    visible_devices: str | None = None
+    """The daemon's ``CUDA_VISIBLE_DEVICES`` (None: unset, the server sees every GPU)."""
+
+
+def encode_visible(value: str | None) -> str:
+    """The READY field for a daemon's ``CUDA_VISIBLE_DEVICES`` (see the module doc)."""
+    if value is None:
+        return "-"
+    packed = "".join(value.split())
+    return packed or ","
+
+
+def decode_visible(field: str) -> str | None:
+    """Inverse of :func:`encode_visible` (``,`` comes back as the empty value)."""
+    if field == "-":
+        return None
+    return "" if field == "," else field
+
+
+def format_ready(server_pid: int, limit_mib: int | None, pct: float, visible: str | None) -> str:
+    """The READY line (without its newline) a daemon sends a client it grants."""
+    limit = "-" if limit_mib is None else str(limit_mib)
+    return f"READY {server_pid} {limit} {pct:g} {encode_visible(visible)}"
 
 
 def parse_ready(line: str) -> ServerGrant:
-    """Parse ``READY <server_pid> <limit_mib|-> <pct>``."""
+    """Parse ``READY <server_pid> <limit_mib|-> <pct> [<visible|->]``."""
     parts = line.split()
-    if len(parts) != 4 or parts[0] != "READY":
+    if len(parts) not in (4, 5) or parts[0] != "READY":
         raise MpsError(f"unexpected answer from MPS daemon: {line!r}")
-    limit = None if parts[2] == "-" else int(parts[2])
-    return ServerGrant(int(parts[1]), limit, float(parts[3]))
+    try:
+        limit = None if parts[2] == "-" else int(parts[2])
+        visible = decode_visible(parts[4]) if len(parts) == 5 else None
+        return ServerGrant(int(parts[1]), limit, float(parts[3]), visible)
+    except ValueError:
+        raise MpsError(f"unexpected answer from MPS daemon: {line!r}") from None
