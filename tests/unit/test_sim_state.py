@@ -15,6 +15,9 @@ from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError
 from slurm_colloc.gpu.sim import SimBackend, init_state, load_spec
 from slurm_colloc.gpu.sim.power import power_w
 from slurm_colloc.gpu.sim.state import (
+    DEFAULT_CONTEXT_MIB,
+    DEFAULT_RESERVED_MIB,
+    DEFAULT_SERVER_MIB,
     ProcRecord,
     advance_energy,
     gpu_lock,
@@ -25,10 +28,20 @@ from slurm_colloc.gpu.sim.state import (
 )
 
 
-def record(pid: int, gpu: int = 0, mib: int = 1024, sm: float = 50.0) -> ProcRecord:
+def record(
+    pid: int, gpu: int = 0, mib: int = 1024, sm: float = 50.0, server: int = 0
+) -> ProcRecord:
     ticks = process_start_ticks(pid)
     assert ticks is not None
-    return ProcRecord(pid=pid, gpu=gpu, uid=os.getuid(), used_mib=mib, sm_pct=sm, start_ticks=ticks)
+    return ProcRecord(
+        pid=pid,
+        gpu=gpu,
+        uid=os.getuid(),
+        used_mib=mib,
+        sm_pct=sm,
+        start_ticks=ticks,
+        mps_server=server,
+    )
 
 
 def test_init_state_layout_and_modes(tmp_path):
@@ -54,8 +67,16 @@ def test_backend_implements_interface(tmp_path):
     gpus = b.gpus()
     assert [g.index for g in gpus] == [0, 1, 2]
     assert len({g.uuid for g in gpus}) == 3 and all(g.uuid.startswith("GPU-") for g in gpus)
+    assert [g.minor_number for g in gpus] == [0, 1, 2]
+    assert [g.pci_bus_id for g in gpus] == [
+        "00000000:10:00.0",
+        "00000000:11:00.0",
+        "00000000:12:00.0",
+    ]
+    assert all(g.reserved_mib == DEFAULT_RESERVED_MIB for g in gpus)
     samples = b.sample_all()
-    assert [s.memory_used_mib for s in samples] == [0, 0, 0]
+    # an idle GPU shows the driver's reserve as used, as nvidia-smi does
+    assert [s.memory_used_mib for s in samples] == [DEFAULT_RESERVED_MIB] * 3
     assert samples[0].power_w == pytest.approx(55.0)
     with pytest.raises(GpuBackendError):
         b.sample(3)
@@ -69,7 +90,7 @@ def test_memory_is_sum_of_live_records_and_dead_ones_are_cleaned(tmp_path):
         write_record(tmp_path, record(child.pid, mib=2048, sm=40))
         write_record(tmp_path, record(os.getpid(), gpu=1, mib=100))
         s = SimBackend(tmp_path).sample(0)
-        assert s.memory_used_mib == 6144
+        assert s.memory_used_mib == DEFAULT_RESERVED_MIB + 6144
         assert sorted(p.pid for p in s.processes) == sorted([os.getpid(), child.pid])
         assert s.sm_activity_pct == pytest.approx(70.0)
         assert s.power_w == pytest.approx(power_w(70, 55, 400))
@@ -77,7 +98,7 @@ def test_memory_is_sum_of_live_records_and_dead_ones_are_cleaned(tmp_path):
         child.kill()
         child.wait()
     s = SimBackend(tmp_path).sample(0)
-    assert s.memory_used_mib == 4096  # the dead process no longer counts
+    assert s.memory_used_mib == DEFAULT_RESERVED_MIB + 4096  # the dead process no longer counts
     assert not (tmp_path / "procs" / f"gpu0.{child.pid}.json").exists()  # and is cleaned
     remove_record(tmp_path, 0, os.getpid())
     remove_record(tmp_path, 0, os.getpid())  # idempotent
@@ -168,3 +189,79 @@ def test_power_model_is_a100_like():
     assert power_w(100, 55, 400) == 400
     assert power_w(150, 55, 400) == 400  # summed demand is capped
     assert 55 < power_w(50, 55, 400) < 400
+
+
+# --- overheads: reserve, MPS servers, contexts (issue 12) ---------------------------------
+
+
+def test_spec_carries_the_overheads_and_init_state_takes_them(tmp_path):
+    spec = init_state(tmp_path / "d")
+    assert (spec.reserved_mib, spec.context_mib, spec.server_mib) == (512, 512, 64)
+    assert (DEFAULT_RESERVED_MIB, DEFAULT_CONTEXT_MIB, DEFAULT_SERVER_MIB) == (512, 512, 64)
+    custom = init_state(tmp_path / "c", reserved_mib=0, context_mib=300, server_mib=30)
+    assert load_spec(tmp_path / "c") == custom and custom.allocatable_mib == 40960
+    assert SimBackend(tmp_path / "c").gpus()[0].reserved_mib == 0
+
+
+def test_version_1_spec_loads_with_realistic_overheads(tmp_path):
+    import json
+
+    spec = init_state(tmp_path)
+    data = json.loads((tmp_path / "spec.json").read_text())
+    for key in ("reserved_mib", "context_mib", "server_mib"):
+        del data[key]
+    data["version"] = 1
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    old = load_spec(tmp_path)
+    assert old == spec  # the defaults, not zeros: an old devcluster becomes realistic
+    data["version"] = 3
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    with pytest.raises(GpuBackendError, match="version 3"):
+        load_spec(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"reserved_mib": -1},
+        {"context_mib": -1},
+        {"server_mib": -1},
+        {"memory_mib": 1024, "reserved_mib": 512, "context_mib": 512},
+    ],
+)
+def test_init_state_rejects_impossible_overheads(tmp_path, kwargs):
+    with pytest.raises(ValueError):
+        init_state(tmp_path, **kwargs)
+
+
+def test_memory_used_counts_each_live_mps_server_once(tmp_path):
+    init_state(tmp_path)
+    servers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in "ab"
+    ]
+    clients = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in "abc"
+    ]
+    try:
+        a, b = (p.pid for p in servers)
+        write_record(tmp_path, record(clients[0].pid, mib=1000, server=a))
+        write_record(tmp_path, record(clients[1].pid, mib=2000, server=a))
+        write_record(tmp_path, record(os.getpid(), mib=700))  # outside MPS: no server
+        backend = SimBackend(tmp_path)
+        one = backend.sample(0)
+        assert one.memory_used_mib == 512 + 64 + 3700  # two clients, one server
+        write_record(tmp_path, record(clients[2].pid, mib=300, server=b))
+        two = backend.sample(0)
+        assert two.memory_used_mib == 512 + 2 * 64 + 4000  # another user's server
+        # servers are no processes of the list (the collector would blame a job)
+        assert sorted(p.pid for p in two.processes) == sorted(
+            [c.pid for c in clients] + [os.getpid()]
+        )
+        servers[1].kill()
+        servers[1].wait()
+        assert backend.sample(0).memory_used_mib == 512 + 64 + 4000  # a dead server holds nothing
+    finally:
+        for p in servers + clients:
+            p.kill()
+            p.wait()
+        remove_record(tmp_path, 0, os.getpid())

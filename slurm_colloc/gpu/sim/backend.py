@@ -1,7 +1,9 @@
 """``SimBackend``: the GPU backend interface over a simulation state directory.
 
 It reads what simjobs registered (see :mod:`slurm_colloc.gpu.sim.state`) and reports
-it the way NVML would: memory used is the sum of live processes' memory, SM activity
+it the way NVML would: memory used is the driver's reserve, plus what each live MPS
+server with clients on the GPU holds, plus every live process's footprint (CUDA
+context included, as NVML's per-process figure includes it), SM activity
 and utilisation are the summed demand capped at 100 %, power follows the SM activity
 and the energy counter only ever grows. SM occupancy and DRAM activity are not
 modelled and stay ``None`` ("not measured"), like NVML without DCGM. Each process
@@ -9,6 +11,13 @@ says whether it is an MPS client (``GpuProcess.mps_client``): a simjob that foun
 MPS daemon (its ``CUDA_MPS_PIPE_DIRECTORY`` unset or wrong) is not, as NVML's MPS
 process list would tell on a real node. Hard per-cgroup limits are not simulated
 (the backend answers "unsupported", like a driver before r615).
+
+MPS servers are in ``memory_used_mib`` only, not in ``processes``: NVML lists them as
+compute processes, but a server runs as its user outside every job's cgroup, so the
+collector would charge it to that user's newest MPS job on the GPU (attribution by
+tenancy) as a process that is not an MPS client, and the outside-MPS enforcement
+would kill a job that did nothing wrong. Until the collector knows servers, the sim
+keeps them out of the process list.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from slurm_colloc.gpu.sim.state import (
     energy_j,
     gpu_lock,
     gpu_power_w,
+    gpu_used_mib,
     load_spec,
     read_records,
 )
@@ -45,6 +55,9 @@ class SimBackend(GpuBackend):
                 uuid=self.spec.uuid(i),
                 name=self.spec.name,
                 memory_total_mib=self.spec.memory_mib,
+                minor_number=i,
+                pci_bus_id=self.spec.pci_bus_id(i),
+                reserved_mib=self.spec.reserved_mib,
             )
             for i in range(self.spec.gpu_count)
         ]
@@ -61,7 +74,7 @@ class SimBackend(GpuBackend):
         return GpuSample(
             index=index,
             timestamp=now,
-            memory_used_mib=sum(r.used_mib for r in records),
+            memory_used_mib=gpu_used_mib(self.spec, records),
             utilization_pct=activity,
             power_w=gpu_power_w(self.spec, records),
             energy_j=energy,

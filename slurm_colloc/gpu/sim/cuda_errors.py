@@ -25,6 +25,15 @@ The errors simulated, from ``cudaError_t`` in the CUDA runtime API (driver_types
 * ``cudaErrorMpsServerNotReady = 807``, "MPS server is not ready to accept new MPS
   client requests": what a new client gets while its MPS server recovers from a
   fatal exception (until every client of the server has exited).
+* ``cudaErrorMemoryAllocation = 2``, "out of memory": the CUDA context itself does
+  not fit on the GPU. PyTorch's caching allocator never sees this one (it is not a
+  ``torch.OutOfMemoryError``), so the text is the generic CUDA error's.
+
+One error is PyTorch's own, not a ``cudaError_t``: when no device is visible,
+``torch.cuda``'s lazy initialisation raises ``RuntimeError: No CUDA GPUs are
+available`` (:data:`NO_GPUS`), without the hint lines. Under MPS that is what a client gets whose
+``CUDA_VISIBLE_DEVICES`` names no device of its server: CUDA drops the entries of
+the list from the first invalid one on, and an empty list means no device.
 """
 
 from __future__ import annotations
@@ -50,6 +59,11 @@ MPS_SERVER_NOT_READY = CudaError(
     "cudaErrorMpsServerNotReady",
     "MPS server is not ready to accept new MPS client requests",
 )
+MEMORY_ALLOCATION = CudaError(2, "cudaErrorMemoryAllocation", "out of memory")
+
+NO_GPUS = "RuntimeError: No CUDA GPUs are available"
+"""PyTorch's text for no visible device (``device_count_ensure_non_zero`` in
+c10/cuda/CUDAFunctions.cpp, reached from ``torch.cuda``'s lazy initialisation)."""
 
 _HINTS = (
     "CUDA kernel errors might be asynchronously reported at some other API call, "

@@ -34,12 +34,16 @@ def torch_oom_message(
     free_mib: int,
     own_mib: int,
     others: list[tuple[int, int]],
+    *,
+    torch_mib: int | None = None,
 ) -> str:
     """The ``torch.OutOfMemoryError`` line for a failed allocation.
 
     ``device`` is the index the process sees (0 under ``CUDA_VISIBLE_DEVICES=3``);
     ``others`` are (pid, MiB) of the GPU's other processes, listed as PyTorch lists
-    what NVML reports. Everything this process holds counts as allocated by PyTorch.
+    what NVML reports. ``own_mib`` is the process's whole footprint ("including
+    non-PyTorch memory": its CUDA context too), ``torch_mib`` what of it PyTorch
+    allocated (default: all of it).
     """
     parts = [
         "torch.OutOfMemoryError: CUDA out of memory. "
@@ -52,7 +56,8 @@ def torch_oom_message(
     ]
     parts.append(
         f"Including non-PyTorch memory, this process has {torch_format_size(own_mib * MIB)} "
-        f"memory in use. Of the allocated memory {torch_format_size(own_mib * MIB)} is "
+        f"memory in use. Of the allocated memory "
+        f"{torch_format_size(max(0, own_mib if torch_mib is None else torch_mib) * MIB)} is "
         f"allocated by PyTorch, and {torch_format_size(0)} is reserved by PyTorch but "
         "unallocated. "
     )

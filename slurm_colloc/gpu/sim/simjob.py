@@ -1,12 +1,22 @@
 """``colloc-simjob``: a stand-in deep-learning training job for simulated GPUs.
 
 It behaves, as far as Slurm, MPS and the colloc node scripts can tell, like a
-PyTorch training run: it takes the GPU named by ``CUDA_VISIBLE_DEVICES``, connects to
-MPS when ``CUDA_MPS_PIPE_DIRECTORY`` names a running daemon (and waits, saying so,
-while another user's MPS server is busy), holds ``--mem`` on the GPU and grows to
+PyTorch training run: it connects to MPS when ``CUDA_MPS_PIPE_DIRECTORY`` names a
+running daemon (and waits, saying so, while another user's MPS server is busy),
+takes the GPU named by ``CUDA_VISIBLE_DEVICES`` (under MPS among the devices its
+server sees, numbered by the server), holds ``--mem`` on the GPU and grows to
 ``--peak`` at ``--peak-at`` of its work, prints training-loop progress, slows down
-when co-located jobs saturate the GPU (:mod:`.interference`), and dies with
-PyTorch's OOM text when an allocation exceeds its MPS limit or the GPU's free memory.
+when co-located jobs saturate the GPU (:mod:`.interference`) or when MPS confines it
+to fewer SMs than it would use, and dies with PyTorch's OOM text when an allocation
+exceeds its MPS limit or the GPU's free memory.
+
+Memory, as a real node has it: ``--mem`` and ``--peak`` are the process's footprint
+as NVML shows it, CUDA context included (what the estimator predicts), and never
+less than one context. MPS's pinned limit binds the allocations only, not the
+context, so a job fits its limit while ``footprint - context_mib <= limit``. The GPU
+holds the driver's reserve, one ``server_mib`` per live MPS server with clients on
+it, and every process's footprint; an allocation beyond the rest fails. The context
+is created first: if even it does not fit, CUDA's generic out-of-memory error.
 
 With ``--fault-at`` it hits a fatal GPU exception (an illegal memory access) at that
 fraction of its work. Under MPS it tells the daemon, which reports the exception to
@@ -16,10 +26,12 @@ them have exited (:mod:`.mps_protocol`).
 
 Exit codes: 0 done; 1 a CUDA error, as PyTorch exits on an uncaught exception: out
 of memory, an illegal memory access (its own ``--fault-at``, or another client's
-reported by MPS), or an MPS server not ready to accept new clients (recovering from
-such a fault); 2 bad input or environment (unparseable size, negative memory, no or
-non-existent GPU, missing state dir); killed by SIGTERM (scancel) after removing its
-records. Every exit path removes its records and releases its memory.
+reported by MPS), an MPS server not ready to accept new clients (recovering from
+such a fault), or, under MPS, no device: ``CUDA_VISIBLE_DEVICES`` names none of the
+server's devices; 2 bad input or environment (unparseable size, negative memory, no
+or non-existent GPU outside MPS, missing state dir); killed by SIGTERM (scancel)
+after removing its records. Every exit path removes its records and releases its
+memory.
 """
 
 from __future__ import annotations
@@ -41,10 +53,12 @@ from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.gpu.sim import mps_client
 from slurm_colloc.gpu.sim.cuda_errors import (
     ILLEGAL_ADDRESS,
+    MEMORY_ALLOCATION,
     MPS_SERVER_NOT_READY,
+    NO_GPUS,
     torch_cuda_error,
 )
-from slurm_colloc.gpu.sim.interference import DEFAULT_MODEL, InterferenceModel
+from slurm_colloc.gpu.sim.interference import rate_for, thread_cap
 from slurm_colloc.gpu.sim.mps_protocol import (
     FATAL,
     FAULT,
@@ -52,8 +66,13 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     MAX_LINE,
     PIPE_ENV,
     THREADS_ENV,
+    VISIBLE_ENV,
+    LineReader,
     MpsError,
+    ServerGrant,
     ServerNotReady,
+    connect,
+    ui_command,
 )
 from slurm_colloc.gpu.sim.oom import torch_oom_message, torch_traceback
 from slurm_colloc.gpu.sim.sizes import SizeError, limit_for, parse_device_limits, parse_size_mib
@@ -63,7 +82,9 @@ from slurm_colloc.gpu.sim.state import (
     advance_energy,
     effective_time_scale,
     gpu_lock,
+    gpu_used_mib,
     load_spec,
+    mps_servers,
     process_start_ticks,
     read_records,
     remove_record,
@@ -113,7 +134,11 @@ def _size(text: str, what: str) -> int:
 def parse_args(argv: list[str] | None) -> JobSpec:
     """Parse and validate the command line; every problem is a :class:`UsageError`."""
     p = argparse.ArgumentParser(prog="colloc-simjob", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mem", required=True, help="steady GPU memory, e.g. 8G, 8192M")
+    p.add_argument(
+        "--mem",
+        required=True,
+        help="steady GPU memory as NVML shows it (CUDA context included), e.g. 8G, 8192M",
+    )
     p.add_argument("--peak", help="peak memory it grows to (default: --mem)")
     p.add_argument(
         "--peak-at", type=float, default=0.5, help="fraction of work at which the peak is reached"
@@ -189,21 +214,29 @@ def _state_dir(flag: str | None) -> Path:
         raise UsageError(f"cannot find the sim state dir: {e}") from None
 
 
-def visible_gpu(spec: SimSpec, env: dict[str, str]) -> int:
-    """Physical index of the first GPU in ``CUDA_VISIBLE_DEVICES`` (index or UUID)."""
-    raw = env.get("CUDA_VISIBLE_DEVICES")
+def _no_device(raw: str | None) -> UsageError:
+    return UsageError(
+        "no CUDA-capable device is visible: CUDA_VISIBLE_DEVICES is "
+        + ("unset" if raw is None else "empty")
+        + " (request a GPU with --gres=gpu:1 or --gres=shard:N)"
+    )
+
+
+def visible_gpu(spec: SimSpec, env: Mapping[str, str]) -> int:
+    """Physical index of the first GPU in ``CUDA_VISIBLE_DEVICES`` (index or UUID).
+
+    Outside MPS only; nonsense is bad input (exit 2) rather than PyTorch's error
+    because nothing but a broken environment produces it there.
+    """
+    raw = env.get(VISIBLE_ENV)
     if raw is None or not raw.strip():
-        raise UsageError(
-            "no CUDA-capable device is visible: CUDA_VISIBLE_DEVICES is "
-            + ("unset" if raw is None else "empty")
-            + " (request a GPU with --gres=gpu:1 or --gres=shard:N)"
-        )
+        raise _no_device(raw)
     first = raw.split(",")[0].strip()
     if first.startswith("GPU-"):
-        for i in range(spec.gpu_count):
-            if spec.uuid(i) == first:
-                return i
-        raise UsageError(f"CUDA_VISIBLE_DEVICES={raw}: no simulated GPU has UUID {first}")
+        found = _pick(spec, list(range(spec.gpu_count)), first)
+        if found is None:
+            raise UsageError(f"CUDA_VISIBLE_DEVICES={raw}: no simulated GPU has UUID {first}")
+        return found
     try:
         index = int(first)
     except ValueError:
@@ -218,6 +251,55 @@ def visible_gpu(spec: SimSpec, env: dict[str, str]) -> int:
     return index
 
 
+def _pick(spec: SimSpec, devices: list[int], entry: str) -> int | None:
+    """The GPU of ``devices`` one ``CUDA_VISIBLE_DEVICES`` entry names, or None.
+
+    An integer is a position in ``devices``; ``GPU-...`` is a UUID or a prefix of
+    one (``GPU-`` included) that must name exactly one of them, as CUDA accepts.
+    """
+    if entry.startswith("GPU-"):
+        matches = [g for g in devices if spec.uuid(g).startswith(entry)]
+        return matches[0] if len(matches) == 1 else None
+    try:
+        k = int(entry)
+    except ValueError:
+        return None
+    return devices[k] if 0 <= k < len(devices) else None
+
+
+def select_devices(spec: SimSpec, devices: list[int], raw: str | None) -> list[int]:
+    """The physical GPUs, in order, that ``CUDA_VISIBLE_DEVICES=raw`` leaves of ``devices``.
+
+    CUDA's rule: entries are read in order and the first one that names no device
+    (out of range, unknown UUID, a repeat, anything else) ends the list, so a bad
+    first entry leaves nothing. Unset leaves every device.
+    """
+    if raw is None:
+        return list(devices)
+    out: list[int] = []
+    for entry in raw.split(","):
+        g = _pick(spec, devices, entry.strip())
+        if g is None or g in out:
+            break
+        out.append(g)
+    return out
+
+
+def server_devices(spec: SimSpec, grant: ServerGrant) -> list[int]:
+    """Physical GPUs an MPS server sees: its daemon's ``CUDA_VISIBLE_DEVICES`` on the node."""
+    return select_devices(spec, list(range(spec.gpu_count)), grant.visible_devices)
+
+
+def _requested_device(raw: str | None) -> int:
+    """The server-side device number to ask MPS for before the server's list is known.
+
+    Under MPS an integer entry is already the server's number; a UUID is resolved
+    only after the grant (see :meth:`SimJob.connect_mps`).
+    """
+    first = (raw or "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
 class SimJob:
     """One running simjob: its GPU footprint, MPS connection and progress."""
 
@@ -225,18 +307,25 @@ class SimJob:
         self,
         job: JobSpec,
         spec: SimSpec,
-        gpu: int,
+        gpu: int | None,
         out: TextIO,
         err: TextIO,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        """Prepare; nothing is registered on the GPU until :meth:`run`."""
+        """Prepare; nothing is registered on the GPU until :meth:`run`.
+
+        ``gpu`` None: decided by :meth:`connect_mps` (under MPS the server's devices
+        decide what ``CUDA_VISIBLE_DEVICES`` means) or, without MPS, by
+        :func:`visible_gpu`.
+        """
         self.job, self.spec, self.gpu, self.out, self.err = job, spec, gpu, out, err
         self.env: Mapping[str, str] = os.environ if env is None else env
-        self.model: InterferenceModel = DEFAULT_MODEL
         self.stop = False
         self.limit_mib: int | None = None
         self.sm_pct = job.sm_pct
+        self.thread_pct = 100.0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in force
+        self.mem_mib = max(job.mem_mib, spec.context_mib)  # footprints: a context at least
+        self.peak_mib = max(job.peak_mib, spec.context_mib)
         self.used_mib = 0
         self.mps: socket.socket | None = None
         self.mps_server = 0  # pid of our MPS server; 0 = running outside MPS
@@ -245,9 +334,21 @@ class SimJob:
         self.pid = os.getpid()
         self.start_ticks = process_start_ticks(self.pid) or 0
 
+    @property
+    def device(self) -> int:
+        """The physical GPU, once decided."""
+        if self.gpu is None:
+            raise RuntimeError("the simjob has no GPU yet")
+        return self.gpu
+
     # --- MPS --------------------------------------------------------------------
-    def connect_mps(self, env: dict[str, str]) -> None:
-        """Join MPS if a daemon is configured; apply its and the env's limits."""
+    def connect_mps(self, env: Mapping[str, str]) -> None:
+        """Join MPS if a daemon is configured; pick the GPU; apply limits.
+
+        The GPU is chosen after the grant because only then is it known which
+        devices the server sees, and hence what the job's own
+        ``CUDA_VISIBLE_DEVICES`` means.
+        """
         pipe = env.get(PIPE_ENV)
         env_limit = env.get(LIMIT_ENV)
         if not pipe or not mps_client.daemon_present(Path(pipe)):
@@ -276,8 +377,14 @@ class SimJob:
                     f"{os.getuid()} starts when they are gone"
                 )
 
+        raw = env.get(VISIBLE_ENV)
+        if raw is not None and not raw.strip():
+            raise _no_device(raw)  # as without MPS: hides every device
+        asked = _requested_device(raw)
         try:
-            self.mps, grant = mps_client.request_server(Path(pipe), 0, on_wait, lambda: self.stop)
+            self.mps, grant = mps_client.request_server(
+                Path(pipe), asked, on_wait, lambda: self.stop
+            )
         except ServerNotReady:
             raise CudaRuntimeError(torch_cuda_error(MPS_SERVER_NOT_READY, self.env)) from None
         except MpsError as e:
@@ -285,13 +392,45 @@ class SimJob:
         if waited:
             self._say_err(f"MPS server {grant.server_pid} ready for uid {os.getuid()}")
         self.mps_server = grant.server_pid
+        theirs = server_devices(self.spec, grant)
+        mine = select_devices(self.spec, theirs, raw)
+        if not mine:
+            seen = ", ".join(f"GPU {g} ({self.spec.uuid(g)})" for g in theirs) or "none"
+            self._say_err(
+                f"CUDA_VISIBLE_DEVICES={raw} names no device of MPS server "
+                f"{grant.server_pid}, which sees {seen} as devices 0..{len(theirs) - 1}: "
+                "under MPS device numbers are the server's (a UUID avoids the ambiguity)"
+            )
+            raise CudaRuntimeError(NO_GPUS)
+        self.gpu = mine[0]
+        position = theirs.index(self.gpu)
+        server_limit = grant.limit_mib
+        if position != asked:
+            server_limit = self._server_limit(Path(pipe), grant, position)
         # The server's pinned limit (set_default_device_pinned_mem_limit, or
         # set_device_pinned_mem_limit on the running server) binds: the client's own
-        # variable can only lower it, never raise it.
+        # variable can only lower it, never raise it. The client numbers its devices
+        # from 0 among its own visible ones.
         own = limit_for(limits, 0)
-        caps = [x for x in (own, grant.limit_mib) if x is not None]
+        caps = [x for x in (own, server_limit) if x is not None]
         self.limit_mib = min(caps) if caps else None
-        self.sm_pct = min(self.job.sm_pct, pct, grant.active_thread_pct)
+        self.thread_pct = min(pct, grant.active_thread_pct)
+        self.sm_pct = min(self.job.sm_pct, self.thread_pct)
+
+    def _server_limit(self, pipe: Path, grant: ServerGrant, device: int) -> int | None:
+        """The server's limit for ``device`` when the grant was for another device.
+
+        Asked with the ``get_`` command any user may run; if that fails the grant's
+        limit stands (a limit, never none).
+        """
+        try:
+            with connect(pipe) as sock:
+                sock.sendall(b"UI\n")
+                command = f"get_device_pinned_mem_limit {grant.server_pid} {device}"
+                answer = ui_command(sock, LineReader(sock), command).strip()
+            return None if answer == "0" else parse_size_mib(answer)
+        except (MpsError, OSError, SizeError):
+            return grant.limit_mib
 
     def check_mps(self) -> None:
         """Without blocking, look for ``FATAL`` from the daemon; raise if it came.
@@ -329,33 +468,54 @@ class SimJob:
         raise CudaRuntimeError(torch_cuda_error(ILLEGAL_ADDRESS, self.env))
 
     # --- memory -----------------------------------------------------------------
+    def create_context(self) -> None:
+        """Take the CUDA context's memory, or raise CUDA's generic out-of-memory error.
+
+        Outside every MPS limit; a first client of its server on this GPU also
+        brings the server's memory (:func:`~.state.gpu_used_mib`).
+        """
+        self._grow(self.spec.context_mib, context=True)
+
     def allocate(self, extra_mib: int) -> None:
         """Grow this process's GPU memory by ``extra_mib`` or raise :class:`OutOfMemory`."""
-        with gpu_lock(self.job.state_dir, self.gpu) as fd:
-            others = [r for r in read_records(self.job.state_dir, self.gpu) if r.pid != self.pid]
-            gpu_free = self.spec.memory_mib - sum(r.used_mib for r in others) - self.used_mib
-            total, free = self.spec.memory_mib, gpu_free
-            if self.limit_mib is not None:
-                total = min(self.limit_mib, self.spec.memory_mib)
-                free = min(gpu_free, self.limit_mib - self.used_mib)
-            if extra_mib > free:
-                raise OutOfMemory(
-                    torch_oom_message(
-                        extra_mib,
-                        0,
-                        total,
-                        free,
-                        self.used_mib,
-                        [(r.pid, r.used_mib) for r in others],
+        self._grow(extra_mib, context=False)
+
+    def _grow(self, extra_mib: int, *, context: bool) -> None:
+        gpu = self.device
+        with gpu_lock(self.job.state_dir, gpu) as fd:
+            others = [r for r in read_records(self.job.state_dir, gpu) if r.pid != self.pid]
+            servers = mps_servers(others) | ({self.mps_server} if self.mps_server else set())
+            gpu_free = (
+                self.spec.memory_mib - gpu_used_mib(self.spec, others, len(servers)) - self.used_mib
+            )
+            if context:
+                if extra_mib > gpu_free:
+                    raise CudaRuntimeError(torch_cuda_error(MEMORY_ALLOCATION, self.env))
+            else:
+                allocated = self.used_mib - self.spec.context_mib  # what the limit counts
+                total, free = self.spec.allocatable_mib, gpu_free
+                if self.limit_mib is not None:
+                    total = min(self.limit_mib, self.spec.allocatable_mib)
+                    free = min(gpu_free, self.limit_mib - allocated)
+                if extra_mib > free:
+                    raise OutOfMemory(
+                        torch_oom_message(
+                            extra_mib,
+                            0,
+                            total,
+                            free,
+                            self.used_mib,
+                            [(r.pid, r.used_mib) for r in others],
+                            torch_mib=allocated,
+                        )
                     )
-                )
-            advance_energy(self.job.state_dir, self.spec, self.gpu, fd)
+            advance_energy(self.job.state_dir, self.spec, gpu, fd)
             self.used_mib += extra_mib
             write_record(
                 self.job.state_dir,
                 ProcRecord(
                     pid=self.pid,
-                    gpu=self.gpu,
+                    gpu=gpu,
                     uid=os.getuid(),
                     used_mib=self.used_mib,
                     sm_pct=self.sm_pct,
@@ -368,12 +528,13 @@ class SimJob:
 
     def release(self) -> None:
         """Remove our record (energy folded in first); safe to call twice."""
-        with (
-            contextlib.suppress(GpuBackendError, OSError),
-            gpu_lock(self.job.state_dir, self.gpu) as fd,
-        ):
-            advance_energy(self.job.state_dir, self.spec, self.gpu, fd)
-            remove_record(self.job.state_dir, self.gpu, self.pid)
+        if self.gpu is not None and self.used_mib:
+            with (
+                contextlib.suppress(GpuBackendError, OSError),
+                gpu_lock(self.job.state_dir, self.gpu) as fd,
+            ):
+                advance_energy(self.job.state_dir, self.spec, self.gpu, fd)
+                remove_record(self.job.state_dir, self.gpu, self.pid)
         if self.mps is not None:
             self.mps.close()
             self.mps = None
@@ -382,7 +543,9 @@ class SimJob:
     def train(self, scale: float) -> bool:
         """Do the work; returns False if stopped by a signal."""
         work, done, wall0 = self.job.seconds, 0.0, time.monotonic()
-        peak_pending = self.job.peak_mib > self.job.mem_mib
+        peak_pending = self.peak_mib > self.mem_mib
+        # fewer SMs than it would use: slower even alone, on top of any co-tenants
+        cap = thread_cap(self.job.sm_pct, self.thread_pct)
         fault_at = self.job.fault_at
         next_report, last = 1, time.monotonic()
         while done < work:
@@ -392,12 +555,12 @@ class SimJob:
             if fault_at is not None and done >= fault_at * work:
                 self.fault()
             if peak_pending and done >= self.job.peak_at * work:
-                self.allocate(self.job.peak_mib - self.job.mem_mib)
+                self.allocate(self.peak_mib - self.mem_mib)
                 peak_pending = False
             time.sleep(min(TICK_S, max(0.001, (work - done) / scale)))
             now = time.monotonic()
-            tenants = read_records(self.job.state_dir, self.gpu)
-            rate = self.model.rate(r.sm_pct for r in tenants)
+            tenants = read_records(self.job.state_dir, self.device)
+            rate = rate_for(tenants) * cap
             done = min(work, done + (now - last) * scale * rate)
             last = now
             while next_report <= 10 and done >= work * next_report / 10:
@@ -410,7 +573,7 @@ class SimJob:
         if fault_at is not None:  # --fault-at 1: at the very end
             self.fault()
         if peak_pending:
-            self.allocate(self.job.peak_mib - self.job.mem_mib)
+            self.allocate(self.peak_mib - self.mem_mib)
         wall = time.monotonic() - wall0
         self._say(
             f"done: {work:g} s of work in {wall:.1f} s wall (x{scale:g} time scale, "
@@ -429,11 +592,10 @@ def run(job: JobSpec, env: dict[str, str], out: TextIO, err: TextIO) -> int:
     """Run a validated job; returns the exit code (SIGTERM re-raises after cleanup)."""
     try:
         spec = load_spec(job.state_dir)
-        gpu = visible_gpu(spec, env)
         scale = job.time_scale or effective_time_scale(spec)
     except (GpuBackendError, ValueError) as e:
         raise UsageError(str(e)) from None
-    sim = SimJob(job, spec, gpu, out, err, env)
+    sim = SimJob(job, spec, None, out, err, env)
     got: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -443,7 +605,11 @@ def run(job: JobSpec, env: dict[str, str], out: TextIO, err: TextIO) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         sim.connect_mps(env)
-        sim.allocate(job.mem_mib)
+        if sim.gpu is None:  # no MPS: the node's numbering
+            sim.gpu = visible_gpu(spec, env)
+        sim.create_context()
+        if sim.mem_mib > sim.used_mib:
+            sim.allocate(sim.mem_mib - sim.used_mib)
         finished = sim.train(scale)
     except mps_client.Stopped:
         finished = False

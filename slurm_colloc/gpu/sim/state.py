@@ -5,7 +5,8 @@ that processes of any user (simjobs run as the job's user; the sidecar and prolo
 root) share one view without a daemon:
 
 ``spec.json``
-    The GPUs: count, memory, name, idle/max power, time scale. Written once by
+    The GPUs: count, memory, name, idle/max power, time scale, and the memory no job
+    can have (driver reserve, MPS server, CUDA context). Written once by
     :func:`init_state` (the devcluster runs it as root).
 ``gpus/gpu<i>.ledger``
     Per-GPU energy ledger *and* the lock for that GPU (``flock``). Mode 0666 because
@@ -41,7 +42,17 @@ from slurm_colloc.gpu.sim.power import A100_IDLE_W, A100_SXM_MAX_W, power_w
 SPEC_FILE = "spec.json"
 GPUS_DIR = "gpus"
 PROCS_DIR = "procs"
-SPEC_VERSION = 1
+SPEC_VERSION = 2
+"""Version 2 added ``reserved_mib``, ``context_mib`` and ``server_mib``; a version 1
+spec (an old state dir) loads with the defaults below, so that a devcluster that was
+initialised before them stops being kinder than a real GPU without a re-init."""
+DEFAULT_RESERVED_MIB = 512
+"""Memory the driver and firmware keep on each GPU (NVML's ``reserved``): an estimate of
+the same order as an A100's, and the figure ``colloc`` budgets when told nothing."""
+DEFAULT_CONTEXT_MIB = 512
+"""Device memory of one CUDA context: ``CollocConfig.cuda_context_mib``'s default."""
+DEFAULT_SERVER_MIB = 64
+"""Device memory of one MPS server on a GPU: ``CollocConfig.mps_server_mib``'s default."""
 TIME_SCALE_ENV = "COLLOC_SIM_TIME_SCALE"
 """Overrides the spec's time scale (sim seconds per wall second) for one process."""
 MAX_RECORD_BYTES = 64 * 1024
@@ -60,6 +71,21 @@ class SimSpec:
     time_scale: float
     node_id: str
     """Random id chosen at init; makes GPU UUIDs unique per state dir."""
+    reserved_mib: int = DEFAULT_RESERVED_MIB
+    """Kept by the driver: no process can allocate it, NVML counts it as used."""
+    context_mib: int = DEFAULT_CONTEXT_MIB
+    """What a process's CUDA context holds on the GPU, outside any MPS pinned limit."""
+    server_mib: int = DEFAULT_SERVER_MIB
+    """What each MPS server with clients on the GPU holds, outside every client's limit."""
+
+    @property
+    def allocatable_mib(self) -> int:
+        """What ``cudaMemGetInfo`` calls the total: the memory less the driver's reserve."""
+        return self.memory_mib - self.reserved_mib
+
+    def pci_bus_id(self, index: int) -> str:
+        """A stable fake PCI bus id, in NVML's format, for GPU ``index``."""
+        return f"00000000:{0x10 + index:02x}:00.0"
 
     def uuid(self, index: int) -> str:
         """A stable NVML-style UUID (``GPU-...``) for GPU ``index``."""
@@ -99,13 +125,19 @@ def init_state(
     idle_power_w: float = A100_IDLE_W,
     max_power_w: float = A100_SXM_MAX_W,
     time_scale: float = 1.0,
+    *,
+    reserved_mib: int = DEFAULT_RESERVED_MIB,
+    context_mib: int = DEFAULT_CONTEXT_MIB,
+    server_mib: int = DEFAULT_SERVER_MIB,
 ) -> SimSpec:
     """Create or refresh the state directory of ``gpu_count`` simulated GPUs.
 
     Idempotent: an existing directory keeps its energy ledgers (energy counters are
     monotonic, like NVML's) and the records of live processes. Directory modes are
     set explicitly (not left to the umask) because root runs this and job processes
-    of every user must be able to register on the GPUs.
+    of every user must be able to register on the GPUs. The overheads default to
+    non-zero values on purpose: a simulation where every MiB is the jobs' would let
+    a budget that over-commits real GPUs pass its tests.
     """
     if gpu_count < 1:
         raise ValueError(f"gpu_count must be at least 1, got {gpu_count}")
@@ -115,6 +147,18 @@ def init_state(
         raise ValueError(f"need 0 <= idle_power_w ({idle_power_w}) <= max_power_w ({max_power_w})")
     if time_scale <= 0:
         raise ValueError(f"time_scale must be positive, got {time_scale}")
+    for what, value in (
+        ("reserved_mib", reserved_mib),
+        ("context_mib", context_mib),
+        ("server_mib", server_mib),
+    ):
+        if value < 0:
+            raise ValueError(f"{what} must not be negative, got {value}")
+    if reserved_mib + server_mib + context_mib >= memory_mib:
+        raise ValueError(
+            f"reserved_mib + server_mib + context_mib ({reserved_mib} + {server_mib} + "
+            f"{context_mib}) leave nothing of memory_mib ({memory_mib}) for a job"
+        )
     root = Path(state_dir)
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)  # noqa: S103 - readable by every job
@@ -129,6 +173,9 @@ def init_state(
         max_power_w=float(max_power_w),
         time_scale=float(time_scale),
         node_id=old_node_id or str(uuid.uuid4()),
+        reserved_mib=int(reserved_mib),
+        context_mib=int(context_mib),
+        server_mib=int(server_mib),
     )
     (root / GPUS_DIR).mkdir(exist_ok=True)
     os.chmod(root / GPUS_DIR, 0o755)  # noqa: S103 - readable by every job
@@ -158,9 +205,9 @@ def load_spec(state_dir: str | os.PathLike[str]) -> SimSpec:
         ) from None
     except (OSError, ValueError) as e:
         raise GpuBackendError(f"{path}: unreadable simulated GPU spec: {e}") from e
-    if data.get("version") != SPEC_VERSION:
+    if data.get("version") not in (1, SPEC_VERSION):
         raise GpuBackendError(
-            f"{path}: spec version {data.get('version')!r}, expected {SPEC_VERSION}"
+            f"{path}: spec version {data.get('version')!r}, expected 1 or {SPEC_VERSION}"
         )
     try:
         return SimSpec(
@@ -171,6 +218,9 @@ def load_spec(state_dir: str | os.PathLike[str]) -> SimSpec:
             max_power_w=float(data["max_power_w"]),
             time_scale=float(data["time_scale"]),
             node_id=str(data["node_id"]),
+            reserved_mib=int(data.get("reserved_mib", DEFAULT_RESERVED_MIB)),
+            context_mib=int(data.get("context_mib", DEFAULT_CONTEXT_MIB)),
+            server_mib=int(data.get("server_mib", DEFAULT_SERVER_MIB)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise GpuBackendError(f"{path}: malformed simulated GPU spec: {e}") from e
@@ -343,6 +393,32 @@ def _read_ledger(fd: int) -> tuple[float, float]:
         return float(data["t"]), float(data["energy_j"])
     except (ValueError, KeyError, TypeError) as e:
         raise GpuBackendError(f"corrupt energy ledger: {e}") from e
+
+
+def mps_servers(records: list[ProcRecord]) -> set[int]:
+    """The live MPS servers that have clients among ``records`` (pids).
+
+    A server holds memory on a GPU once a client uses it there; one that died under
+    its clients (the stand-in's clients outlive it) holds nothing any more.
+    """
+    return {
+        r.mps_server
+        for r in records
+        if r.mps_server > 0 and process_start_ticks(r.mps_server) is not None
+    }
+
+
+def gpu_used_mib(spec: SimSpec, records: list[ProcRecord], servers: int | None = None) -> int:
+    """Memory in use on a GPU running ``records``, as NVML reports it.
+
+    The driver's reserve counts as used (what nvidia-smi shows on recent drivers,
+    whose ``nvmlDeviceGetMemoryInfo`` v1 ``used`` includes it: the sim's choice), then
+    one ``server_mib`` per live MPS server with clients here, then every process's
+    footprint. ``servers`` overrides the server count (an allocation that is about
+    to add its own server).
+    """
+    n = len(mps_servers(records)) if servers is None else servers
+    return spec.reserved_mib + n * spec.server_mib + sum(r.used_mib for r in records)
 
 
 def gpu_power_w(spec: SimSpec, records: list[ProcRecord]) -> float:
