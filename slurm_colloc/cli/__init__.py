@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "devcluster": "slurm_colloc.cli.devcluster_cmd:devcluster",
     "estimate": "slurm_colloc.cli.estimate_cmd:estimate",
     "report": "slurm_colloc.cli.report_cmd:report",
+    "selftest": "slurm_colloc.cli.selftest_cmd:selftest",
 }
 
 
