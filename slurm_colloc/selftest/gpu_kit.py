@@ -766,8 +766,14 @@ class GpuKit:
     def _launch(self, c: KitClient, env: dict[str, str]) -> None:
         assert self.workdir is not None
         c.env = env
-        c.handle = self.d.clients.start(c.role, self.o.python, self._script(), c.user, env,
-                                        str(self.workdir))
+        try:
+            c.handle = self.d.clients.start(c.role, self.o.python, self._script(), c.user,
+                                            env, str(self.workdir))
+        except Exception as e:  # noqa: BLE001 - typically an interpreter the user cannot run
+            c.ready = {"ok": False, "error": f"cannot start {self.o.python} as {c.user.name}: "
+                       f"{type(e).__name__}: {e} (the interpreter and its packages must be "
+                       "readable by the test users: see --python)"}
+            return
         try:
             c.ready = c.handle.read(self.o.ready_timeout_s)
         except ClientGone as e:
@@ -1099,7 +1105,7 @@ class GpuKit:
 
     def _bench(self, clients: list[KitClient], n: int) -> dict[str, Any]:
         secs = self.o.bench_seconds
-        start_at = self.d.clock() + 2.0
+        start_at = self.d.clock() + 5.0  # after every client's warm-up (cuBLAS set-up)
         answers = []
         for c in clients:
             if c.handle is not None:

@@ -1071,3 +1071,58 @@ def test_cli_without_gpu_flag_is_a_usage_error() -> None:
 
     out = CliRunner().invoke(main, ["selftest"])
     assert out.exit_code == 2 and "--gpu" in out.output
+
+
+def test_an_interpreter_the_user_cannot_run_fails_visibility_for_that_client(
+    tmp_path: Path,
+) -> None:
+    r = rig(tmp_path)
+    start = r.runner.start
+
+    def start_or_deny(name: str, python: str, script: str, user: User, env: dict[str, str],
+                      cwd: str) -> FakeClient:
+        if user.name == "bob":
+            raise PermissionError(13, "Permission denied", python)
+        return start(name, python, script, user, env, cwd)
+
+    r.runner.start = start_or_deny  # type: ignore[method-assign]
+    res = gpu_kit.run_kit(TWO, r.deps, SITE)
+    c = checks(res)
+    assert c["visibility"].result == FAIL and "cannot start" in c["visibility"].detail
+    assert "readable by the test users" in c["visibility"].detail
+    assert c["survivor_same_user"].result == PASS and c["teardown"].result == PASS
+
+
+def test_process_client_runner_speaks_to_the_real_client_script(tmp_path: Path) -> None:
+    """The subprocess side: JSON lines in order, deadlines, a client that dies early."""
+    from slurm_colloc.selftest.system import ProcessClientRunner
+
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_TORCH)
+    me = User("me", os.getuid(), os.getgid(), str(tmp_path))
+    runner = ProcessClientRunner()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake"),
+           "FAKE_LIMIT_MIB": "100"}
+    c = runner.start("a", sys.executable, str(gpu_kit.CLIENT_SCRIPT), me, env, str(tmp_path))
+    try:
+        assert c.read(60)["event"] == "ready"
+        c.send("alloc 200")
+        ans = c.read(60)
+        assert ans["event"] == "alloc" and ans["oom"] is True
+        with pytest.raises(ClientGone, match="no answer"):
+            c.read(0.2)  # nothing asked, nothing said
+    finally:
+        done = c.close(30)
+    assert done["returncode"] == 0 and not done["killed"]
+    bare = {"PATH": "/usr/bin:/bin"}
+    d = runner.start("b", sys.executable, str(gpu_kit.CLIENT_SCRIPT), me, bare, str(tmp_path))
+    try:
+        assert "pip install torch" in d.read(60)["error"]
+        with pytest.raises(ClientGone, match="exited"):
+            d.read(30)
+    finally:
+        assert d.close(30)["returncode"] == 3
+    probe = runner.probe(sys.executable, str(gpu_kit.CLIENT_SCRIPT))
+    assert probe["event"] == "probe"
+    assert runner.probe("/nonexistent/python", "x")["torch"] is None
