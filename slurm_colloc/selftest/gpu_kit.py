@@ -169,6 +169,8 @@ class DaemonSeen:
     start_ticks: int | None
     servers: tuple[tuple[int, int | None], ...] = ()
     """(pid, start ticks) of each server ``get_server_list`` named."""
+    protocol: int | None = None
+    """MPS protocol the running daemon answers in (2/3); None: not known."""
 
 
 @dataclass(frozen=True)
@@ -656,9 +658,11 @@ class GpuKit:
             return
         info = dataclasses.asdict(cap) if dataclasses.is_dataclass(cap) and not isinstance(
             cap, type) else {"repr": repr(cap)}
-        protocol = getattr(cap, "protocol", None) or "unknown"
-        self.env["mps"] = {"binary": self.mps_binary, "protocol": protocol, **info}
-        self.check("mps_protocol", INFO, f"{protocol} ({self.mps_binary})")
+        raw = getattr(cap, "protocol", None)
+        protocol = f"v{raw}" if isinstance(raw, int) else str(raw or "unknown")
+        self.env["mps"] = {"binary": self.mps_binary, **info, "protocol": protocol}
+        why = getattr(cap, "detail", "") or self.mps_binary
+        self.check("mps_protocol", INFO, f"{protocol}: {why}")
 
     # --- 3. the jobs -----------------------------------------------------------------
     def exercise(self) -> None:
@@ -826,6 +830,10 @@ class GpuKit:
             return
         uids = {self.clients["a"].user.uid, b.user.uid}
         daemons = [d for d in self.seen_daemons.values() if d.uid in uids and d.pid]
+        if not self.seen_daemons:
+            self.check("mps_two_users", NOT_RUN, "no per-(GPU, user) daemon recorded by the "
+                       "prolog (an MPS v3 prolog keeps another layout)")
+            return
         servers = sum(len(d.servers) for d in daemons)
         detail = f"{len(daemons)} daemons, {servers} servers for uids {sorted(uids)}"
         ok = len(daemons) == 2 and all(d.servers for d in daemons) and self.clients["a"].ok \

@@ -213,6 +213,17 @@ class _NoController:
         raise RuntimeError(f"the self-test has no Slurm controller ({name} called)")
 
 
+def _running_protocol(binary: str, pipe_dir: Path) -> int | None:
+    """The protocol a running daemon answers in, where this colloc can ask (v3 module)."""
+    try:
+        from slurm_colloc.mps import v3  # type: ignore[attr-defined,unused-ignore]
+
+        protocol: int | None = v3.running_protocol(binary, pipe_dir)
+        return protocol
+    except Exception:  # noqa: BLE001 - a fact for the JSON, never a reason to stop
+        return None
+
+
 class CollocNodeOps:
     """The node scripts' library calls, exactly as prolog/, TaskProlog and epilog/ make.
 
@@ -266,7 +277,8 @@ class CollocNodeOps:
                 with contextlib.suppress(MpsControlError):
                     servers = [(p, procfs.start_ticks(p)) for p in d.server_pids()]
             out.append(DaemonSeen(gpu, uid, ident.pid if ident else None,
-                                  ident.start_ticks if ident else None, tuple(servers)))
+                                  ident.start_ticks if ident else None, tuple(servers),
+                                  _running_protocol(self.cfg.mps_control, t.pipe_dir(gpu, uid))))
         return out
 
     def stop_all(self) -> list[str]:

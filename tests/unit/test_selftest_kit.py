@@ -1126,3 +1126,27 @@ def test_process_client_runner_speaks_to_the_real_client_script(tmp_path: Path) 
     probe = runner.probe(sys.executable, str(gpu_kit.CLIENT_SCRIPT))
     assert probe["event"] == "probe"
     assert runner.probe("/nonexistent/python", "x")["torch"] is None
+
+
+def test_mps_v3_capability_is_reported_as_v3(tmp_path: Path) -> None:
+    @dataclass(frozen=True)
+    class Capability:  # the shape of slurm_colloc.mps.v3.MpsCapability
+        protocol: int
+        multiuser: bool
+        detail: str
+
+    r = rig(tmp_path)
+    r.deps.mps_detect = lambda binary: Capability(3, True, f"{binary}: MPS v3")
+    res = gpu_kit.run_kit(TWO, r.deps, SITE)
+    assert checks(res)["mps_protocol"].detail == "v3: /usr/bin/nvidia-cuda-mps-control: MPS v3"
+    assert res.environment["mps"]["protocol"] == "v3"
+    assert res.environment["mps"]["multiuser"] is True
+
+
+def test_no_per_user_daemons_recorded_means_two_user_daemon_check_not_run(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(FakeNode, "daemons", lambda self: [])
+    res = gpu_kit.run_kit(TWO, rig(tmp_path).deps, SITE)
+    assert checks(res)["mps_two_users"].result == NOT_RUN
+    assert checks(res)["survivor_other_user"].result == PASS
