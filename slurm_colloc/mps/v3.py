@@ -55,6 +55,13 @@ Documented facts used (retrieved 2026-11):
   vanishes from ``server list`` (its clients run without MPS and without limits); a
   client whose ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` names a device it cannot see
   drops every pinned limit, the namespace's included.
+* [TS] https://docs.nvidia.com/deploy/mps/latest/troubleshooting.html -- a uid
+  mismatch without multi-user mode keeps a client out. It names the option
+  ``-multiuser-server`` and [GD] ``--multiuser-server``, where [IF] lists ``-m,
+  --multiuser``: ``-m`` is used here, an acceptance-kit item.
+* [MP] https://docs.nvidia.com/deploy/mps/latest/mpsv3-memory-partitioning.html --
+  the hard per-cgroup limit (:mod:`slurm_colloc.gpu.nvml`) is what a job cannot
+  escape; a namespace limit is a second layer (see [GD] above).
 
 Security (docs/security.md): the pipe directory, the state directory and the
 directories the daemon makes stay root's; the daemon's identity is learnt from its
