@@ -5,8 +5,9 @@ Why: with the legacy (v2) daemon a server serves one user, so colloc runs a daem
 (GPU, user) and different users' jobs on a GPU are time-sliced between servers
 (:mod:`slurm_colloc.mps.tenancy`). v3 offers a multi-user server whose namespaces
 each carry their own pinned memory limit and active thread percentage: every job on a
-GPU, of any user, shares that GPU's one server, and the job's limit is held by the
-server for the job's namespace instead of by a variable the job could drop.
+GPU, of any user, shares that GPU's one server, and the job's limit is the
+namespace's, held by the server: unsetting a variable does not lift it (a client can
+still escape it, [GD] below: the hard cgroup limit remains the boundary).
 
 Nothing here has run on r615 hardware; every behaviour relied on is NVIDIA's
 documentation (below, and docs/mps-v3.md with the open questions), tested against
