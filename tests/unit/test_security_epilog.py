@@ -402,7 +402,8 @@ def test_m2_requeue_survives_nvml_failure(top, udir, monkeypatch) -> None:
     log = user_file(udir, "job.err", GPU_LINE + "\n")
     slurm = FakeSlurm()
     r = epilog.run(_ctx(log), _cfg(top, gpu_memory_mib=40960), slurm, LOG)
-    assert r.requeued and slurm.tres() == ["gres:shard:40"]
+    # the config's GPU less its MPS servers' budget: (40960 - 2 x 64) // 1024
+    assert r.requeued and slurm.tres() == ["gres:shard:39"]
     assert any("NVML_ERROR_GPU_IS_LOST" in e for e in r.errors)
 
 
