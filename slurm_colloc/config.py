@@ -24,6 +24,7 @@ GpuBackendName = Literal["nvml", "sim"]
 StepUpPolicy = Literal["whole-gpu", "step"]
 MultiUserPolicy = Literal["one-user-per-gpu", "multi-user-mps"]
 EnforceAction = Literal["kill", "flag", "off"]
+MpsProtocol = Literal["2", "3", "auto"]
 
 
 class ConfigError(ValueError):
@@ -85,6 +86,13 @@ class CollocConfig:
     """Per-GPU pipe and log directories are created under here (0700, root)."""
     active_thread_percentage: int = 0
     """MPS active thread percentage per client; 0 leaves SM sharing dynamic."""
+    mps_protocol: MpsProtocol = "2"
+    """``2``: legacy MPS, one control daemon per (GPU, user) (jobs of different users on
+    a GPU are separate servers, time-sliced). ``3``: MPS v3 (driver r615+), one root
+    multi-user daemon per node, a server per GPU, a namespace per job (docs/mps-v3.md).
+    ``auto``: 3 where ``mps_control -p 3 -h`` offers it, else 2. The default stays 2
+    until ``colloc selftest --gpu`` has passed on the site's r615 nodes: v3 support is
+    written against NVIDIA's documentation only."""
     multi_user_policy: MultiUserPolicy = "one-user-per-gpu"
     """How jobs of different users share a GPU (see docs/node.md)."""
 

@@ -74,6 +74,27 @@ def ensure_root_dir(path: Path, mode: int = 0o755) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _flocked(path: Path, what: str, timeout: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on root's ``path``; TenancyError after ``timeout``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TenancyError(
+                        f"{what}: lock held for over {timeout:.0f}s by another prolog/epilog"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
 def private_group(uid: int) -> int | None:
     """The user's primary gid when it is a group of that user alone, else None.
 
@@ -126,23 +147,18 @@ class Tenancy:
         Bounded: raises TenancyError after ``timeout`` s instead of blocking slurmd.
         """
         ensure_root_dir(self.gpu_dir(gpu))
-        fd = os.open(self.gpu_dir(gpu) / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TenancyError(
-                            f"GPU {gpu}: lock held for over {timeout:.0f}s by another "
-                            "prolog/epilog"
-                        ) from None
-                    time.sleep(0.05)
+        with _flocked(self.gpu_dir(gpu) / "lock", f"GPU {gpu}", timeout):
             yield
-        finally:
-            os.close(fd)
+
+    @contextlib.contextmanager
+    def locked_node(self, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+        """Serialise work on the node's one MPS v3 daemon (start, namespaces).
+
+        Taken before any GPU lock, never inside one (one lock order: no deadlock).
+        """
+        ensure_root_dir(self.root)
+        with _flocked(self.root / "node.lock", "the node's MPS v3 daemon", timeout):
+            yield
 
     def prepare_user_dirs(self, gpu: int, uid: int) -> tuple[Path, Path]:
         """Fresh root-owned pipe dir (0700) and log dir for a daemon about to start."""

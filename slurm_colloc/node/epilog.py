@@ -61,6 +61,32 @@ class EpilogResult:
         return " ".join(parts)
 
 
+def release_v3(job_id: int, cfg: CollocConfig, tenancy: Tenancy, result: EpilogResult) -> None:
+    """Delete the job's MPS v3 namespace, if its prolog made one (root state says).
+
+    Decided by what the prolog recorded, not by today's ``mps_protocol``: a job started
+    before a switch is still released. The node's daemon keeps running for the next
+    job (it holds a server per GPU, which the memory budget counts).
+    """
+    from slurm_colloc.mps.tenancy import TenancyError
+    from slurm_colloc.mps.v3 import MpsV3Error
+    from slurm_colloc.node.mps_protocol import V3_DIR, v3_node
+
+    if not (Path(cfg.mps_root) / V3_DIR).is_dir():
+        return
+    node = v3_node(cfg)
+    if node.job(job_id) is None:
+        return
+    try:
+        with tenancy.locked_node():
+            outcome = node.remove_job(job_id)
+        if outcome == "forced":
+            result.errors.append(f"MPS v3 namespace of job {job_id} still had clients: "
+                                 "deleted with --force")
+    except (MpsV3Error, TenancyError, OSError) as e:
+        result.errors.append(f"MPS v3 namespace of job {job_id} not deleted: {e}")
+
+
 def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
     """Forget the job; stop each (GPU, user) daemon it leaves without jobs.
 
@@ -68,6 +94,7 @@ def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
     call: with slurmctld down, the GPU is still released at once.
     """
     tenancy = Tenancy(Path(cfg.mps_root))
+    release_v3(job_id, cfg, tenancy, result)
     gpus = sorted({g for g, _ in tenancy.all_jobs().get(job_id, [])})
     for gpu in gpus:
         with tenancy.locked(gpu):

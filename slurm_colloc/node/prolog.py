@@ -25,6 +25,7 @@ from slurm_colloc.mps.control import MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node.gpus import node_gpu_map
 from slurm_colloc.node.job import JobContext, context_to_json
+from slurm_colloc.node.mps_protocol import node_protocol, v3_node
 from slurm_colloc.slurm.adapter import SlurmAdapter
 from slurm_colloc.slurm.squeue_json import SlurmJob
 
@@ -173,26 +174,59 @@ def run(
     }
     if cfg.active_thread_percentage:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
-    with tenancy.locked(gpu):
-        reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
-        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, info.uuid)
-        if not daemon.running():
-            tenancy.prepare_user_dirs(gpu, ctx.uid)
-            daemon.start()
-            if cfg.active_thread_percentage:
-                daemon.set_defaults(None, cfg.active_thread_percentage)
-            tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
-        tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+    if node_protocol(cfg) == 3:
+        env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid))
         tenancy.write_job_env(ctx.job_id, env, gid)
-        # server side: a client that drops its own limit (env -i, --cleanenv) gets
-        # its user's total share of this GPU, not the whole GPU (docs/node.md)
-        daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
+    else:
+        with tenancy.locked(gpu):
+            reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
+            daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, info.uuid)
+            if not daemon.running():
+                tenancy.prepare_user_dirs(gpu, ctx.uid)
+                daemon.start()
+                if cfg.active_thread_percentage:
+                    daemon.set_defaults(None, cfg.active_thread_percentage)
+                tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
+            tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+            tenancy.write_job_env(ctx.job_id, env, gid)
+            # server side: a client that drops its own limit (env -i, --cleanenv) gets
+            # its user's total share of this GPU, not the whole GPU (docs/node.md)
+            daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
     hard = hard_limit(ctx, cfg, info.index, limit)
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
         detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu} ({info.uuid}), "
                f"pinned {pinned} MiB; hard limit: {hard}",
     )
+
+
+def _v3_setup(
+    ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, jobs: Mapping[int, SlurmJob] | None,
+    taken: float | None, pinned: int, gid: int,
+) -> dict[str, str]:
+    """MPS v3: the job's namespace on its GPU's server of the node's one daemon.
+
+    Every user's jobs on the GPU share that server (no time-slicing between users'
+    servers); the namespace carries the job's pinned limit and thread percentage.
+    The job's marker is still kept in ``tenancy`` (the collector and reaping read
+    it); the returned env replaces the legacy pipe directory. Node lock, then the
+    GPU lock: the same order as the epilog.
+    """
+    gpu = ctx.gpus[0]
+    node = v3_node(cfg)
+    with tenancy.locked_node():
+        with tenancy.locked(gpu):
+            for job in reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken):
+                node.remove_job(job)
+        if not node.running():
+            node.start({i: g.uuid for i, g in enumerate(node_gpu_map(cfg).gpus)})
+        info = node_gpu_map(cfg).by_slurm_index(gpu)
+        env = node.add_job(gpu, info.uuid, ctx.job_id, ctx.uid, gid, pinned,
+                           cfg.active_thread_percentage)
+        with tenancy.locked(gpu):
+            tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+    env["COLLOC_MPS_PROTOCOL"] = "3"
+    return env
 
 
 def hard_limit(ctx: JobContext, cfg: CollocConfig, gpu: int, limit_mib: int) -> str:

@@ -24,6 +24,7 @@ ALLOWED = frozenset(
         "COLLOC_GPU_UUID",
         "COLLOC_LIMIT_MIB",
         "COLLOC_PINNED_MIB",
+        "COLLOC_MPS_PROTOCOL",
     }
 )
 _VALUE = re.compile(r"^[A-Za-z0-9_./=,:-]{1,512}$")

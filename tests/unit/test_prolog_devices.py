@@ -22,17 +22,21 @@ from slurm_colloc.node.task_prolog import export_lines
 from slurm_colloc.slurm import adapter as ad
 from tests.unit.test_security_node import STANDIN, FakeSlurm, squeue_job
 
+V3_STANDIN = str(Path(STANDIN).with_name("colloc-sim-mps-control-v3"))
 
-def _setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: int) -> CollocConfig:
+
+def _setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: int,
+           control: str = STANDIN, protocol: str = "2") -> CollocConfig:
     state = tmp_path / "sim"
     init_state(state, gpu_count=4, memory_mib=40960)
-    cfg = CollocConfig(mps_root=str(tmp_path / "mps"), mps_control=STANDIN, gpu_backend="sim",
-                       sim_state_dir=str(state), metrics_dir=str(tmp_path / "metrics"))
+    cfg = CollocConfig(mps_root=str(tmp_path / "mps"), mps_control=control, gpu_backend="sim",
+                       sim_state_dir=str(state), metrics_dir=str(tmp_path / "metrics"),
+                       mps_protocol=protocol)  # type: ignore[arg-type]
     conf = tmp_path / "colloc.conf"
     conf.write_text(
-        f'mps_root = "{cfg.mps_root}"\nmps_control = "{STANDIN}"\ngpu_backend = "sim"\n'
+        f'mps_root = "{cfg.mps_root}"\nmps_control = "{control}"\ngpu_backend = "sim"\n'
         f'sim_state_dir = "{state}"\nmetrics_dir = "{cfg.metrics_dir}"\n'
-        f'log_file = "{tmp_path / "node.log"}"\n'
+        f'log_file = "{tmp_path / "node.log"}"\nmps_protocol = "{protocol}"\n'
     )
     uid = os.getuid()
     job = squeue_job(user_id=uid, gres_detail=[f"shard:3(IDX:{gpu})"],
@@ -131,3 +135,41 @@ def test_gpu_map_cache_is_root_state_and_per_boot(tmp_path: Path) -> None:
     assert node_gpus._load(path, "boot-2") is None
     path.write_text(json.dumps({"boot_id": "boot-1", "gpus": "junk"}))
     assert node_gpus._load(path, "boot-1") is None
+
+
+def test_mps_v3_node_gives_the_job_a_namespace_with_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mps_protocol = auto on a node whose control program speaks v3: one root daemon,
+    the job's namespace carries its pinned limit, the epilog deletes it."""
+    from slurm_colloc.node.mps_protocol import node_protocol, v3_node
+
+    if not os.path.exists(V3_STANDIN):
+        pytest.fail(f"MPS v3 stand-in not installed at {V3_STANDIN}; run make venv")
+    cfg = _setup(tmp_path, monkeypatch, gpu=2, control=V3_STANDIN, protocol="auto")
+    assert node_protocol(cfg) == 3
+    node = v3_node(cfg)
+    try:
+        assert entry.prolog_main(_env(2)) == 0
+        exports = dict(line.removeprefix("export ").split("=", 1)
+                       for line in export_lines(cfg.mps_root, 7))
+        assert exports["COLLOC_MPS_PROTOCOL"] == "3"
+        assert exports["CUDA_MPS_PIPE_DIRECTORY"].endswith("/v3/pipe/gpu2/job7")
+        assert exports["CUDA_VISIBLE_DEVICES"] == load_spec(cfg.sim_state_dir).uuid(2)
+        record = node.job(7)
+        assert record is not None and record.limit_mib == 2560
+        simjob = Path(STANDIN).with_name("colloc-simjob")
+        env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "2",
+               "COLLOC_SIM_STATE": cfg.sim_state_dir, **exports}
+        ok = subprocess.run([str(simjob), "--mem", "3G", "--seconds", "0.3"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+        assert ok.returncode == 0 and "on GPU 2" in ok.stdout, ok.stderr
+        # the namespace's limit holds although the client raises its own variable
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = "0=30G"
+        over = subprocess.run([str(simjob), "--mem", "3073M", "--seconds", "0.3"], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert over.returncode == 1 and "OutOfMemoryError" in over.stderr
+        assert entry.epilog_main({**_env(2), "SLURM_JOB_EXIT_CODE2": "0:0"}) == 0
+        assert node.job(7) is None and node.running()  # the daemon stays for the next job
+    finally:
+        node.stop()
