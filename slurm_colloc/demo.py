@@ -135,7 +135,7 @@ def run(console: Console, root: Path | None = None) -> int:
         states = {n: job_state(slurm, j) for n, j in ids.items()}
         if time.monotonic() - last_print > 3:
             last_print = time.monotonic()
-            samples = [s for s in backend.sample_all() if s.memory_used_mib or s.processes]
+            samples = [s for s in backend.sample_all() if s.processes]  # idle GPUs show the reserve
             line = "  ".join(
                 f"GPU{s.index}: {s.memory_used_mib / 1024:4.1f} GiB "
                 f"{len(s.processes)} proc SM {s.sm_activity_pct or 0:3.0f}%" for s in samples
