@@ -21,7 +21,7 @@ pytestmark = pytest.mark.devcluster
 def test_node_is_idle_with_gpus_and_shards(cluster: Cluster, slurm: SlurmCli) -> None:
     nodes = slurm.nodes()
     assert [n["NodeName"] for n in nodes] == [cluster.spec.node_name]
-    assert "gpu:4" in nodes[0]["Gres"] and "shard:160" in nodes[0]["Gres"]
+    assert "gpu:4" in nodes[0]["Gres"] and "shard:156" in nodes[0]["Gres"]  # 4 x 39: reserve, MPS
     assert node_state(cluster) in ("idle", "mix")
 
 
