@@ -231,7 +231,7 @@ def test_rows_are_kept_by_slurm_index_when_nvml_order_differs(
     """NVML's GPU 0 is Slurm's GPU 1 when the device files' minors run the other way."""
     from slurm_colloc.gpu.backend import GpuInfo
 
-    cfg, backend, state = make(tmp_path)
+    cfg, _backend, state = make(tmp_path)
 
     class Reversed(SimBackend):
         def gpus(self) -> list[GpuInfo]:
