@@ -81,15 +81,10 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: int | None,
 @click.option("--node-name", default=None, help="Prefix lines with NodeName=...")
 def gres_conf(device_pattern: str, node_name: str | None) -> None:
     """Print per-GPU gpu and shard lines for gres.conf from this node's GPUs."""
-    from slurm_colloc.gpu.select import backend_from_config
+    from slurm_colloc.gpu.select import gpus_from_config
 
     cfg = _load_config()
-    backend = backend_from_config(cfg, with_dcgm=False)
-    try:
-        gpus = backend.gpus()
-    finally:
-        backend.close()
-    text, node_gres = site.gres_conf_lines(gpus, cfg, device_pattern, node_name)
+    text, node_gres = site.gres_conf_lines(gpus_from_config(cfg), cfg, device_pattern, node_name)
     click.echo(text, nl=False)
     click.echo(f"# slurm.conf NodeName=... {node_gres}")
 

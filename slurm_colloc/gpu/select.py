@@ -8,7 +8,7 @@ every collocation decision on fiction.
 from __future__ import annotations
 
 from slurm_colloc.config import CollocConfig
-from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError
+from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuInfo
 
 
 def backend_from_config(cfg: CollocConfig, *, with_dcgm: bool = True) -> GpuBackend:
@@ -23,3 +23,12 @@ def backend_from_config(cfg: CollocConfig, *, with_dcgm: bool = True) -> GpuBack
 
         return SimBackend(cfg.sim_state_dir)
     raise GpuBackendError(f"unknown gpu_backend {cfg.gpu_backend!r} (expected nvml or sim)")
+
+
+def gpus_from_config(cfg: CollocConfig, *, with_dcgm: bool = False) -> list[GpuInfo]:
+    """The GPUs the configured backend reports; the backend is closed again."""
+    backend = backend_from_config(cfg, with_dcgm=with_dcgm)
+    try:
+        return backend.gpus()
+    finally:
+        backend.close()

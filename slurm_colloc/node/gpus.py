@@ -70,13 +70,9 @@ def node_gpu_map(cfg: CollocConfig, *, refresh: bool = False) -> GpuMap:
         cached = _load(path, boot)
         if cached is not None:
             return cached
-    from slurm_colloc.gpu.select import backend_from_config
+    from slurm_colloc.gpu.select import gpus_from_config
 
-    backend = backend_from_config(cfg, with_dcgm=False)
-    try:
-        gpus = backend.gpus()
-    finally:
-        backend.close()
+    gpus = gpus_from_config(cfg)
     gmap = GpuMap.from_gpus(gpus)
     with contextlib.suppress(OSError):
         if cache and root.is_dir() and not root.is_symlink():

@@ -86,13 +86,9 @@ def default_estimator_command() -> str:
 
 def detect_gpus(cfg: CollocConfig) -> list[GpuInfo]:
     """The GPUs the configured backend reports (NVML or sim)."""
-    from slurm_colloc.gpu.select import backend_from_config
+    from slurm_colloc.gpu.select import gpus_from_config
 
-    backend = backend_from_config(cfg, with_dcgm=False)
-    try:
-        gpus = backend.gpus()
-    finally:
-        backend.close()
+    gpus = gpus_from_config(cfg)
     if not gpus:
         raise InstallError(f"the {cfg.gpu_backend} GPU backend reports no GPUs; "
                            "set gpu_memory_mib in colloc.conf")
