@@ -2,12 +2,15 @@
 
 Root decides whom to signal and whose memory a process is from these files, so every
 read is bounded, follows no link, and a vanished process is simply None. A pid alone
-is not an identity (pids are reused): pair it with :func:`start_ticks`.
+is not an identity (pids are reused): pair it with :func:`start_ticks`, as
+:class:`Process` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
 
 
 def read(path: str, limit: int) -> bytes | None:
@@ -39,3 +42,57 @@ def start_ticks(pid: int, proc: str = "/proc") -> int | None:
         return int(fields[19]) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+def parent(pid: int, proc: str = "/proc") -> int | None:
+    """Parent pid (stat field 4)."""
+    fields = stat_fields(pid, proc)
+    try:
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, proc: str = "/proc") -> bool:
+    """The process exists and is neither a zombie nor dead (stat field 3)."""
+    fields = stat_fields(pid, proc)
+    return bool(fields) and fields[0] not in (b"Z", b"X")  # type: ignore[index]
+
+
+def uid(pid: int, proc: str = "/proc") -> int | None:
+    """The real uid (first ``Uid:`` field of ``/proc/<pid>/status``)."""
+    for line in (read(f"{proc}/{pid}/status", 1 << 16) or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return None
+
+
+def environ(pid: int, key: str, proc: str = "/proc") -> str | None:
+    """The value of ``key`` in the process's initial environment, None if unset."""
+    raw = read(f"{proc}/{pid}/environ", 1 << 20) or b""
+    prefix = key.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process known by pid and kernel start time: pids are reused, the pair is not."""
+
+    pid: int
+    start_ticks: int
+
+    def matches(self) -> bool:
+        """The live process ``pid`` is still this one (not a zombie, not a reused pid)."""
+        return start_ticks(self.pid) == self.start_ticks and alive(self.pid)
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` only if the process still :meth:`matches`; True when sent."""
+        if not self.matches():
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+        return True

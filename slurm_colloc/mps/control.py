@@ -63,97 +63,41 @@ def read_small_file(path: Path, *, owner: int | None = 0, limit: int = MAX_SMALL
     return data.decode("ascii", errors="replace")
 
 
-def _proc_read(pid: int, name: str, limit: int = 1 << 16) -> bytes | None:
-    return procfs.read(f"/proc/{pid}/{name}", limit)
-
-
-proc_start_ticks = procfs.start_ticks
-_stat_fields = procfs.stat_fields
-
-
-def proc_parent(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    try:
-        return int(fields[1]) if fields else None
-    except (IndexError, ValueError):
-        return None
-
-
-def _proc_alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return bool(fields) and fields[0] not in (b"Z", b"X")  # type: ignore[index]
-
-
-def _proc_uid(pid: int) -> int | None:
-    raw = _proc_read(pid, "status")
-    for line in (raw or b"").splitlines():
-        if line.startswith(b"Uid:"):
-            parts = line.split()
-            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    return None
-
-
-def _proc_env(pid: int, key: str) -> str | None:
-    raw = _proc_read(pid, "environ", 1 << 20) or b""
-    prefix = key.encode() + b"="
-    for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix):].decode("utf-8", "replace")
-    return None
-
-
 def _runs_program(pid: int, binary: str) -> bool:
     """The process is ``binary``: its executable, or the script an interpreter runs."""
     want = os.path.realpath(binary)
     with contextlib.suppress(OSError):
         if os.path.realpath(os.readlink(f"/proc/{pid}/exe")) == want:
             return True
-    argv = (_proc_read(pid, "cmdline") or b"").split(b"\0")
+    argv = (procfs.read(f"/proc/{pid}/cmdline", 1 << 16) or b"").split(b"\0")
     return any(os.path.realpath(a.decode("utf-8", "replace")) == want for a in argv[:2] if a)
 
 
 @dataclass(frozen=True)
-class DaemonIdentity:
-    """Who root started: checked against /proc before any signal."""
+class DaemonIdentity(procfs.Process):
+    """Who root started: checked against /proc before any signal (:meth:`signal`)."""
 
-    pid: int
-    start_ticks: int
     binary: str
     pipe_dir: str
 
     def matches(self) -> bool:
         """The live process ``pid`` is still the daemon root started (not a reused pid)."""
         return (
-            proc_start_ticks(self.pid) == self.start_ticks
-            and _proc_alive(self.pid)
-            and _proc_uid(self.pid) == os.geteuid()
-            and _proc_env(self.pid, "CUDA_MPS_PIPE_DIRECTORY") == self.pipe_dir
+            super().matches()
+            and procfs.uid(self.pid) == os.geteuid()
+            and procfs.environ(self.pid, "CUDA_MPS_PIPE_DIRECTORY") == self.pipe_dir
             and _runs_program(self.pid, self.binary)
         )
 
-    def signal(self, sig: int) -> bool:
-        """Send ``sig`` only if the process still matches; True when sent."""
-        if not self.matches():
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-        return True
-
 
 @dataclass(frozen=True)
-class ServerIdentity:
+class ServerIdentity(procfs.Process):
     """An MPS server child of our daemon, seen by ``get_server_list``."""
 
-    pid: int
-    start_ticks: int
     daemon_pid: int
 
     def matches(self) -> bool:
-        return (
-            proc_start_ticks(self.pid) == self.start_ticks
-            and _proc_alive(self.pid)
-            and proc_parent(self.pid) == self.daemon_pid
-        )
+        return super().matches() and procfs.parent(self.pid) == self.daemon_pid
 
 
 @dataclass(frozen=True)
@@ -296,7 +240,7 @@ class MpsDaemon:
             pid = int(read_small_file(self.pipe_dir / PID_FILE).split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        ticks = proc_start_ticks(pid)
+        ticks = procfs.start_ticks(pid)
         if ticks is None:
             return None
         ident = DaemonIdentity(pid, ticks, self.binary, str(self.pipe_dir))
@@ -370,8 +314,8 @@ class MpsDaemon:
         out = []
         with contextlib.suppress(MpsControlError):
             for pid in self.server_pids():
-                ticks = proc_start_ticks(pid)
-                if ticks is not None and proc_parent(pid) == daemon_pid:
+                ticks = procfs.start_ticks(pid)
+                if ticks is not None and procfs.parent(pid) == daemon_pid:
                     out.append(ServerIdentity(pid, ticks, daemon_pid))
         return out
 

@@ -101,12 +101,7 @@ from pathlib import Path
 
 from slurm_colloc import procfs
 from slurm_colloc.gpu.sim.sizes import SizeError, parse_size_mib
-from slurm_colloc.mps.control import (
-    DaemonIdentity,
-    proc_parent,
-    proc_start_ticks,
-    read_small_file,
-)
+from slurm_colloc.mps.control import DaemonIdentity, read_small_file
 from slurm_colloc.mps.tenancy import ensure_root_dir
 
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
@@ -267,27 +262,6 @@ def running_protocol(binary: str, pipe_dir: Path, timeout: float = 5) -> int | N
 
 
 @dataclass(frozen=True)
-class _Proc:
-    """A process known by pid and kernel start time: pids are reused, the pair is not."""
-
-    pid: int
-    start_ticks: int
-
-    def alive(self) -> bool:
-        fields = procfs.stat_fields(self.pid)
-        return (bool(fields) and fields[0] not in (b"Z", b"X")  # type: ignore[index]
-                and procfs.start_ticks(self.pid) == self.start_ticks)
-
-    def signal(self, sig: int) -> bool:
-        """Send ``sig`` only while it is still the same process; True when sent."""
-        if not self.alive():
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-        return True
-
-
-@dataclass(frozen=True)
 class JobRecord:
     """What root remembers of a job's namespace (root 0600, ``state_dir/jobs``)."""
 
@@ -301,15 +275,6 @@ class JobRecord:
     limit_mib: int
     thread_pct: int
     pipe_dir: str
-
-
-def _proc_uid(pid: int) -> int | None:
-    raw = procfs.read(f"/proc/{pid}/status", 1 << 14) or b""
-    for line in raw.splitlines():
-        if line.startswith(b"Uid:"):
-            parts = line.split()
-            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    return None
 
 
 def _write_root_file(path: Path, text: str, mode: int = 0o600) -> None:
@@ -465,7 +430,7 @@ class MpsV3Node:
                 pid = int(read_small_file(self.pipe_dir / PID_FILE, owner=os.geteuid()).split()[0])
         except (OSError, ValueError, IndexError, MpsV3Error):
             return None
-        ticks = proc_start_ticks(pid)
+        ticks = procfs.start_ticks(pid)
         if ticks is None:
             return None
         ident = DaemonIdentity(pid, ticks, self.binary, str(self.pipe_dir))
@@ -747,7 +712,7 @@ class MpsV3Node:
         """Terminate clients of another uid that reached the namespace before it was ours."""
         def foreign() -> list[int]:
             return [pid for pid, name in self.clients(server)
-                    if name == ns and _proc_uid(pid) not in (None, uid)]
+                    if name == ns and procfs.uid(pid) not in (None, uid)]
 
         found = foreign()
         for pid in found:
@@ -805,19 +770,19 @@ class MpsV3Node:
         Kept as (pid, start time): the same process even after it outlives the daemon
         and is re-parented, which is when :meth:`stop` needs it most.
         """
-        known = {(p.pid, p.start_ticks) for p in self._servers() if p.alive()}
+        known = {(p.pid, p.start_ticks) for p in self._servers() if p.matches()}
         for row in rows:
             pid = int(row["pid"]) if row["pid"].isdigit() and len(row["pid"]) < 10 else 0
-            ticks = proc_start_ticks(pid) if pid else None
-            if ticks is not None and proc_parent(pid) == ident.pid:
+            ticks = procfs.start_ticks(pid) if pid else None
+            if ticks is not None and procfs.parent(pid) == ident.pid:
                 known.add((pid, ticks))
         _write_root_file(self.state_dir / SERVERS_FILE, json.dumps(sorted(known)))
 
-    def _servers(self) -> list[_Proc]:
+    def _servers(self) -> list[procfs.Process]:
         try:
             raw = json.loads(read_small_file(self.state_dir / SERVERS_FILE,
                                              owner=os.geteuid(), limit=1 << 16))
-            return [_Proc(int(pid), int(ticks)) for pid, ticks in raw]
+            return [procfs.Process(int(pid), int(ticks)) for pid, ticks in raw]
         except (OSError, ValueError, TypeError):
             return []
 
@@ -830,7 +795,8 @@ class MpsV3Node:
         timeout = self.timeout if timeout is None else timeout
         ident = self.identity()
         live = ident is not None and ident.matches()
-        daemon = _Proc(ident.pid, ident.start_ticks) if ident is not None and live else None
+        daemon = (procfs.Process(ident.pid, ident.start_ticks)
+                  if ident is not None and live else None)
         deadline = time.monotonic()
         if ident is not None and live:
             try:
@@ -843,10 +809,10 @@ class MpsV3Node:
                 deadline = time.monotonic() + timeout
             except MpsV3Error:
                 pass  # no polite way: straight to the signals
-        servers = [p for p in self._servers() if p.alive()]
+        servers = [p for p in self._servers() if p.matches()]
 
         def lingering() -> bool:
-            return (daemon is not None and daemon.alive()) or any(p.alive() for p in servers)
+            return (daemon is not None and daemon.matches()) or any(p.matches() for p in servers)
 
         while time.monotonic() < deadline and lingering():
             time.sleep(0.05)
@@ -855,7 +821,7 @@ class MpsV3Node:
             for p in servers:
                 if p.signal(sig):
                     signalled.append(p.pid)
-            if ident is not None and daemon is not None and daemon.alive() and ident.signal(sig):
+            if ident is not None and daemon is not None and daemon.matches() and ident.signal(sig):
                 signalled.append(ident.pid)
             grace = time.monotonic() + 2
             while time.monotonic() < grace and lingering():
