@@ -314,23 +314,6 @@ def _argv0(pid: int) -> str:
     return os.path.basename(raw.split(b"\0")[0].decode("utf-8", "replace"))
 
 
-def _environ(pid: int, key: str) -> str | None:
-    raw = procfs.read(f"/proc/{pid}/environ", 1 << 20) or b""
-    prefix = key.encode() + b"="
-    for item in raw.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix):].decode("utf-8", "replace")
-    return None
-
-
-def _uid(pid: int) -> int | None:
-    for line in (procfs.read(f"/proc/{pid}/status", 1 << 16) or b"").splitlines():
-        if line.startswith(b"Uid:"):
-            parts = line.split()
-            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    return None
-
-
 class ProcTable:
     """MPS processes from /proc (``comm`` is cut at 15 characters, so argv[0])."""
 
@@ -346,13 +329,13 @@ class ProcTable:
             name = _argv0(pid)
             if name not in self.names:
                 continue
-            out.append(MpsProc(pid, name, _uid(pid), _environ(pid, "CUDA_MPS_PIPE_DIRECTORY"),
+            out.append(MpsProc(pid, name, procfs.uid(pid),
+                               procfs.environ(pid, "CUDA_MPS_PIPE_DIRECTORY"),
                                procfs.start_ticks(pid)))
         return out
 
     def alive(self, pid: int, start_ticks: int | None) -> bool:
-        fields = procfs.stat_fields(pid)
-        if not fields or fields[0] in (b"Z", b"X"):
+        if not procfs.alive(pid):
             return False
         return start_ticks is None or procfs.start_ticks(pid) == start_ticks
 
