@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from slurm_colloc.gpu.sim.mps_protocol import (
     END,
@@ -82,11 +82,43 @@ _SERVER_CODE = (
 )
 
 
-class ControlLog:
-    """``control.log`` / ``server.log`` lines in the real daemon's format.
+def log_line(kind: str, pid: int, msg: str) -> str:
+    """One log line in the real daemon's format, stamped now.
 
     ``[2013-08-05 12:50:23.347 Control 13894] Starting new server 13929 for user 500``
     """
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    return f"[{stamp}.{int(now * 1000) % 1000:03d} {kind} {pid}] {msg}\n"
+
+
+def spawn_server(
+    uid: int | None = None, log: Callable[[str], None] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start an idle stand-in server process; as ``uid`` when one is given and we are root.
+
+    If the interpreter cannot be run as that user (a venv under a 0700 home, say),
+    the server runs as the daemon's user instead and ``log`` is told: the
+    one-server-per-UID bookkeeping, which is what matters here, is unchanged.
+    """
+    argv = [sys.executable, "-c", _SERVER_CODE, "nvidia-cuda-mps-server(sim)"]
+    kw: dict[str, Any] = {
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.DEVNULL,
+        "stderr": subprocess.DEVNULL,
+        "close_fds": True,
+    }
+    if uid is not None and os.geteuid() == 0 and uid != 0:
+        try:
+            return subprocess.Popen(argv, user=uid, **kw)
+        except OSError as e:
+            if log is not None:
+                log(f"Cannot run server as user {uid} ({e}); running it as uid 0")
+    return subprocess.Popen(argv, **kw)
+
+
+class ControlLog:
+    """``control.log`` / ``server.log``, lines as :func:`log_line` writes them."""
 
     def __init__(self, log_dir: Path) -> None:
         """Open (append) both logs in ``log_dir``."""
@@ -94,19 +126,13 @@ class ControlLog:
         self.control = open(log_dir / "control.log", "a", buffering=1)  # noqa: SIM115
         self.server = open(log_dir / "server.log", "a", buffering=1)  # noqa: SIM115
 
-    @staticmethod
-    def _line(kind: str, pid: int, msg: str) -> str:
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-        return f"[{stamp}.{int(now * 1000) % 1000:03d} {kind} {pid}] {msg}\n"
-
     def ctl(self, msg: str) -> None:
         """A control daemon event."""
-        self.control.write(self._line("Control", os.getpid(), msg))
+        self.control.write(log_line("Control", os.getpid(), msg))
 
     def srv(self, server_pid: int, msg: str) -> None:
         """An event of one server (new client, client gone)."""
-        self.server.write(self._line("Server", server_pid, msg))
+        self.server.write(log_line("Server", server_pid, msg))
 
     def close(self) -> None:
         """Flush and close both files."""
@@ -123,6 +149,18 @@ class Client:
     uid: int
     device: int
     buf: bytes = b""  # a partial line the client sent after READY
+
+    def take_faults(self, data: bytes) -> int:
+        """Buffer ``data``: how many ``FAULT`` lines it completes (no other line means anything)."""
+        self.buf += data
+        faults = 0
+        while b"\n" in self.buf:
+            raw, self.buf = self.buf.split(b"\n", 1)
+            if raw.decode("utf-8", "replace").split() == [FAULT]:
+                faults += 1
+        if len(self.buf) > MAX_LINE:
+            self.buf = b""
+        return faults
 
 
 @dataclass
@@ -192,29 +230,8 @@ class Daemon:
     def _active(self) -> Server | None:
         return self.servers[0] if self.servers else None
 
-    def _spawn(self, uid: int) -> subprocess.Popen[bytes]:
-        """Start an idle stand-in server process, as ``uid`` when we are root.
-
-        If the interpreter cannot be run as that user (a venv under a 0700 home, say),
-        the server runs as the daemon's user instead and the log says so: the
-        one-server-per-UID bookkeeping, which is what matters here, is unchanged.
-        """
-        argv = [sys.executable, "-c", _SERVER_CODE, "nvidia-cuda-mps-server(sim)"]
-        kw: dict[str, Any] = {
-            "stdin": subprocess.DEVNULL,
-            "stdout": subprocess.DEVNULL,
-            "stderr": subprocess.DEVNULL,
-            "close_fds": True,
-        }
-        if os.geteuid() == 0 and uid != 0:
-            try:
-                return subprocess.Popen(argv, user=uid, **kw)
-            except OSError as e:
-                self.log.ctl(f"Cannot run server as user {uid} ({e}); running it as uid 0")
-        return subprocess.Popen(argv, **kw)
-
     def _start_server(self, uid: int) -> Server:
-        proc = self._spawn(uid)
+        proc = spawn_server(uid, self.log.ctl)
         server = Server(uid, proc, self.default_pct, dict(self.default_limits))
         self.servers.append(server)
         self.log.ctl(f"Starting new server {proc.pid} for user {uid}")
@@ -323,13 +340,8 @@ class Daemon:
 
     def _client_data(self, client: Client, data: bytes) -> None:
         """Lines a connected CUDA client sends: only ``FAULT`` means anything."""
-        client.buf += data
-        while b"\n" in client.buf:
-            raw, client.buf = client.buf.split(b"\n", 1)
-            if raw.decode("utf-8", "replace").split() == [FAULT]:
-                self._fault(client)
-        if len(client.buf) > MAX_LINE:
-            client.buf = b""
+        for _ in range(client.take_faults(data)):
+            self._fault(client)
 
     def _fault(self, client: Client) -> None:
         """``client`` hit a fatal GPU exception: the whole server recovers (Volta+ MPS)."""
@@ -577,27 +589,62 @@ class Daemon:
         self.log.close()
 
 
-def _prepare_dirs() -> tuple[Path, ControlLog]:
+def _start_daemon() -> Daemon:
     pipe_dir = pipe_dir_from_env()
     pipe_dir.mkdir(parents=True, exist_ok=True)
-    return pipe_dir, ControlLog(log_dir_from_env())
-
-
-def run_foreground() -> int:
-    """``-f``: serve in this process (used by tests and for debugging)."""
-    pipe_dir, log = _prepare_dirs()
+    log = ControlLog(log_dir_from_env())
     try:
-        daemon = Daemon(pipe_dir, log)
-    except MpsError as e:
+        return Daemon(pipe_dir, log)
+    except MpsError:
         log.close()
+        raise
+
+
+class Servable(Protocol):
+    """What :func:`run_foreground` and :func:`daemonize` run: a daemon bound to its socket."""
+
+    pipe_dir: Path
+
+    def serve(self) -> None:
+        """Run until told to quit, then clean up."""
+
+
+def run_foreground(
+    make: Callable[[], Servable],
+    *,
+    refused: tuple[type[Exception], ...] = (MpsError,),
+    on_ready: Callable[[str], None] | None = None,
+) -> int:
+    """``-f``: serve in this process (used by tests and for debugging).
+
+    ``make`` binds the daemon; when it raises one of ``refused`` the message goes to
+    stderr and the status is 1. ``on_ready`` is given the pipe directory before serving.
+    """
+    try:
+        daemon = make()
+    except refused as e:
         sys.stderr.write(f"{e}\n")
         return 1
+    if on_ready is not None:
+        on_ready(str(daemon.pipe_dir))
     daemon.serve()
     return 0
 
 
-def daemonize() -> int:
-    """``-d``: double-fork, detach, and return only once the socket is listening."""
+def daemonize(
+    make: Callable[[], Servable],
+    *,
+    refused: tuple[type[Exception], ...] = (MpsError,),
+    on_ready: Callable[[str], None] | None = None,
+    failed: str = "MPS stand-in failed to start",
+) -> int:
+    """``-d``: double-fork, detach, and return only once ``make`` has bound the daemon.
+
+    The detached process runs ``make`` and reports ``OK<pipe dir>`` or ``ERR <why>``
+    (``why`` from an OSError or one of ``refused``) through a pipe; this process then
+    passes the pipe directory to ``on_ready`` and returns 0, or prints why (``failed``
+    when the detached process said nothing) and returns 1.
+    """
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid > 0:
@@ -606,9 +653,11 @@ def daemonize() -> int:
         with os.fdopen(read_fd, "rb") as r:
             status = r.read()
         if status.startswith(b"OK"):
+            if on_ready is not None:
+                on_ready(status[2:].decode(errors="replace"))
             return 0
-        msg = status.decode(errors="replace").strip() or "MPS stand-in failed to start"
-        sys.stderr.write(msg.removeprefix("ERR ") + "\n")
+        msg = status.decode(errors="replace").removeprefix("ERR ").strip()
+        sys.stderr.write((msg or failed) + "\n")
         return 1
     os.close(read_fd)
     os.setsid()
@@ -620,14 +669,12 @@ def daemonize() -> int:
         os.dup2(devnull, fd)
     code = 1
     try:
-        pipe_dir, log = _prepare_dirs()
         try:
-            daemon = Daemon(pipe_dir, log)
-        except MpsError as e:
-            log.close()
+            daemon = make()
+        except refused as e:
             os.write(write_fd, f"ERR {e}".encode())
             os._exit(1)
-        os.write(write_fd, b"OK")
+        os.write(write_fd, b"OK" + os.fsencode(daemon.pipe_dir))
         os.close(write_fd)
         daemon.serve()
         code = 0
@@ -676,9 +723,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("-f", action="store_true", help="run the daemon in the foreground")
     args = parser.parse_args(argv)
     if args.d:
-        return daemonize()
+        return daemonize(_start_daemon)
     if args.f:
-        return run_foreground()
+        return run_foreground(_start_daemon)
     return run_ui(sys.stdin, sys.stdout)
 
 

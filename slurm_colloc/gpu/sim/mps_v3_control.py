@@ -87,7 +87,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -95,11 +94,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slurm_colloc.gpu.sim import mps_control as legacy
-from slurm_colloc.gpu.sim.mps_control import Client
+from slurm_colloc.gpu.sim.mps_control import Client, log_line, spawn_server
 from slurm_colloc.gpu.sim.mps_protocol import (
     END,
     FATAL,
-    FAULT,
     MAX_LINE,
     NOT_READY,
     PID_FILE,
@@ -163,11 +161,6 @@ NS_COLUMNS = (
     "pipe-directory",
 )
 CLIENT_COLUMNS = ("pid", "server", "device", "namespace", "cmd")
-_IDLE_SERVER = (
-    "import signal, sys\n"
-    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
-    "while True: signal.pause()\n"
-)
 
 HELP_V3 = f"""Usage: nvidia-cuda-mps-control [options] [<module> <verb> [args]]
 
@@ -229,12 +222,6 @@ def default_pipe_dir() -> Path:
     if value:
         return Path(value)
     return Path("/run/nvidia-mps" if os.geteuid() == 0 else "/tmp/nvidia-mps")
-
-
-def _stamp_line(kind: str, pid: int, msg: str) -> str:
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-    return f"[{stamp}.{int(now * 1000) % 1000:03d} {kind} {pid}] {msg}\n"
 
 
 def _fmt_mib(mib: int | None) -> str:
@@ -396,7 +383,7 @@ class V3Server:
         return self.proc.pid
 
     def srv(self, msg: str) -> None:
-        self.log.write(_stamp_line("Server", self.pid, msg))
+        self.log.write(log_line("Server", self.pid, msg))
 
 
 def parse_config(data: dict[str, Any], multiuser: bool) -> dict[str, dict[str, Any]]:
@@ -518,7 +505,7 @@ class V3Daemon:
                 self._set(target, *_server_limits(ns))
 
     def ctl(self, msg: str) -> None:
-        self.control.write(_stamp_line("Control", os.getpid(), msg))
+        self.control.write(log_line("Control", os.getpid(), msg))
 
     # --- sockets ------------------------------------------------------------------
     def _listen(self, directory: Path, route: tuple[str | None, str | None]) -> socket.socket:
@@ -558,13 +545,7 @@ class V3Daemon:
         path = self._mkdir(self.pipe_dir / name)
         (self.log_dir / name).mkdir(exist_ok=True)
         log = open(self.log_dir / name / "server.log", "a", buffering=1)  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _IDLE_SERVER, "nvidia-cuda-mps-server(sim)"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-        )
+        proc = spawn_server()  # the daemon's user: a server's uid is bookkeeping here
         server = V3Server(name, uid, allowed, path, proc, log)
         self.ctl(
             f"Starting new server {proc.pid} '{name}' for user {uid}"
@@ -731,14 +712,8 @@ class V3Daemon:
             server.srv("All clients exited: recovered")
 
     def _client_data(self, att: Attached, data: bytes) -> None:
-        client = att.client
-        client.buf += data
-        while b"\n" in client.buf:
-            raw, client.buf = client.buf.split(b"\n", 1)
-            if raw.decode("utf-8", "replace").split() == [FAULT]:
-                self._fault(att)
-        if len(client.buf) > MAX_LINE:
-            client.buf = b""
+        for _ in range(att.client.take_faults(data)):
+            self._fault(att)
 
     def _fault(self, att: Attached) -> None:
         """A client's fatal GPU exception: every other client of the *server* hears of it.
@@ -1210,62 +1185,24 @@ def _make_daemon(o: Options) -> Callable[[], V3Daemon]:
     return make
 
 
+def _announce(pipe_dir: str) -> None:
+    sys.stdout.write(f"To connect CUDA applications to this daemon, set {PIPE_ENV}={pipe_dir}\n")
+    sys.stdout.flush()
+
+
+_REFUSED = (MpsError, CommandError, OSError)
+
+
 def run_foreground(make: Callable[[], V3Daemon]) -> int:
     """``-f``: serve in this process."""
-    try:
-        daemon = make()
-    except (MpsError, CommandError, OSError) as e:
-        sys.stderr.write(f"{e}\n")
-        return 1
-    sys.stdout.write(
-        f"To connect CUDA applications to this daemon, set {PIPE_ENV}={daemon.pipe_dir}\n"
-    )
-    sys.stdout.flush()
-    daemon.serve()
-    return 0
+    return legacy.run_foreground(make, refused=_REFUSED, on_ready=_announce)
 
 
 def daemonize(make: Callable[[], V3Daemon]) -> int:
     """``-d``: double-fork, detach; return once the sockets listen and servers run."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid > 0:
-        os.close(write_fd)
-        os.waitpid(pid, 0)
-        with os.fdopen(read_fd, "rb") as r:
-            status = r.read(4096)
-        if status.startswith(b"OK"):
-            sys.stdout.write(
-                f"To connect CUDA applications to this daemon, set "
-                f"{PIPE_ENV}={status[2:].decode(errors='replace')}\n"
-            )
-            return 0
-        msg = status.decode(errors="replace").removeprefix("ERR ").strip()
-        sys.stderr.write((msg or "MPS v3 stand-in failed to start") + "\n")
-        return 1
-    os.close(read_fd)
-    os.setsid()
-    if os.fork() > 0:
-        os._exit(0)
-    os.chdir("/")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    code = 1
-    try:
-        try:
-            daemon = make()
-        except (MpsError, CommandError, OSError) as e:
-            os.write(write_fd, f"ERR {e}".encode())
-            os._exit(1)
-        os.write(write_fd, b"OK" + os.fsencode(daemon.pipe_dir))
-        os.close(write_fd)
-        daemon.serve()
-        code = 0
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.write(write_fd, f"ERR {e}".encode())
-    os._exit(code)
+    return legacy.daemonize(
+        make, refused=_REFUSED, on_ready=_announce, failed="MPS v3 stand-in failed to start"
+    )
 
 
 def run_command(argv: list[str], out: TextIO, err: TextIO) -> int:
