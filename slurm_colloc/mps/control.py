@@ -63,6 +63,18 @@ def read_small_file(path: Path, *, owner: int | None = 0, limit: int = MAX_SMALL
     return data.decode("ascii", errors="replace")
 
 
+def write_root_file(path: Path, text: str, mode: int = 0o600) -> None:
+    """Atomic, umask-proof, never through a link (root state)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), mode)
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def _runs_program(pid: int, binary: str) -> bool:
     """The process is ``binary``: its executable, or the script an interpreter runs."""
     want = os.path.realpath(binary)
@@ -88,6 +100,28 @@ class DaemonIdentity(procfs.Process):
             and procfs.environ(self.pid, "CUDA_MPS_PIPE_DIRECTORY") == self.pipe_dir
             and _runs_program(self.pid, self.binary)
         )
+
+    @classmethod
+    def learn(cls, pid: int, binary: str, pipe_dir: Path) -> DaemonIdentity | None:
+        """The live process ``pid`` as the daemon of ``binary`` in ``pipe_dir``, if it matches."""
+        ticks = procfs.start_ticks(pid)
+        if ticks is None:
+            return None
+        ident = cls(pid, ticks, binary, str(pipe_dir))
+        return ident if ident.matches() else None
+
+    @classmethod
+    def load(cls, path: Path) -> DaemonIdentity | None:
+        """The identity saved in ``path`` (root's own file), whether or not the process lives."""
+        try:
+            d = json.loads(read_small_file(path, owner=os.geteuid(), limit=4096))
+            return cls(int(d["pid"]), int(d["start_ticks"]), str(d["binary"]), str(d["pipe_dir"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, path: Path) -> None:
+        """Keep the identity in root state (``path``, 0600), for :meth:`load`."""
+        write_root_file(path, json.dumps(asdict(self)))
 
 
 @dataclass(frozen=True)
@@ -133,22 +167,7 @@ class MpsDaemon:
     # --- identity -----------------------------------------------------------------
     def identity(self) -> DaemonIdentity | None:
         """The recorded identity (root state), whether or not the process lives."""
-        try:
-            d = json.loads(read_small_file(self._state, owner=os.geteuid(), limit=4096))
-            return DaemonIdentity(int(d["pid"]), int(d["start_ticks"]), str(d["binary"]),
-                                  str(d["pipe_dir"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _save_identity(self, ident: DaemonIdentity) -> None:
-        tmp = self._state.with_name(self._state.name + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(json.dumps(asdict(ident)))
-        os.replace(tmp, self._state)
+        return DaemonIdentity.load(self._state)
 
     def _forget_identity(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -224,7 +243,7 @@ class MpsDaemon:
         while time.monotonic() < deadline:
             ident = self._learn_identity()
             if ident is not None and self._socket_present():
-                self._save_identity(ident)
+                ident.save(self._state)
                 return
             time.sleep(0.02)
         raise MpsControlError(
@@ -240,11 +259,7 @@ class MpsDaemon:
             pid = int(read_small_file(self.pipe_dir / PID_FILE).split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        ticks = procfs.start_ticks(pid)
-        if ticks is None:
-            return None
-        ident = DaemonIdentity(pid, ticks, self.binary, str(self.pipe_dir))
-        return ident if ident.matches() else None
+        return DaemonIdentity.learn(pid, self.binary, self.pipe_dir)
 
     def command(self, *lines: str, timeout: float = 10) -> str:
         """Send commands on stdin (one per line); return what the daemon printed.

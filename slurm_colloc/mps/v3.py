@@ -101,7 +101,7 @@ from pathlib import Path
 
 from slurm_colloc import procfs
 from slurm_colloc.gpu.sim.sizes import SizeError, parse_size_mib
-from slurm_colloc.mps.control import DaemonIdentity, read_small_file
+from slurm_colloc.mps.control import DaemonIdentity, read_small_file, write_root_file
 from slurm_colloc.mps.tenancy import ensure_root_dir
 
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
@@ -277,18 +277,6 @@ class JobRecord:
     pipe_dir: str
 
 
-def _write_root_file(path: Path, text: str, mode: int = 0o600) -> None:
-    """Atomic, umask-proof, never through a link (root state)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), mode)
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _toml_str(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.,:-]*", value):
         raise MpsV3Error(f"refusing to write {value!r} into the MPS configuration")
@@ -394,13 +382,7 @@ class MpsV3Node:
     # --- identity ------------------------------------------------------------------
     def identity(self) -> DaemonIdentity | None:
         """The daemon root started, from root state (whether or not it still runs)."""
-        try:
-            d = json.loads(read_small_file(self.state_dir / IDENTITY_FILE,
-                                           owner=os.geteuid(), limit=4096))
-            return DaemonIdentity(int(d["pid"]), int(d["start_ticks"]), str(d["binary"]),
-                                  str(d["pipe_dir"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return DaemonIdentity.load(self.state_dir / IDENTITY_FILE)
 
     def _socket_is_ours(self, ident: DaemonIdentity) -> bool:
         """The main control socket is answered by our daemon (``SO_PEERCRED``)."""
@@ -430,11 +412,7 @@ class MpsV3Node:
                 pid = int(read_small_file(self.pipe_dir / PID_FILE, owner=os.geteuid()).split()[0])
         except (OSError, ValueError, IndexError, MpsV3Error):
             return None
-        ticks = procfs.start_ticks(pid)
-        if ticks is None:
-            return None
-        ident = DaemonIdentity(pid, ticks, self.binary, str(self.pipe_dir))
-        return ident if ident.matches() else None
+        return DaemonIdentity.learn(pid, self.binary, self.pipe_dir)
 
     # --- life cycle ----------------------------------------------------------------
     def config_text(self, gpus: Mapping[int, str]) -> str:
@@ -476,8 +454,8 @@ class MpsV3Node:
             stale.unlink()  # namespaces live only as long as the daemon ([CF])
         self._fresh_pipe_dir()
         ensure_root_dir(self.log_dir, 0o700)
-        _write_root_file(self.config_file, self.config_text(wanted))
-        _write_root_file(self.state_dir / NODE_FILE,
+        write_root_file(self.config_file, self.config_text(wanted))
+        write_root_file(self.state_dir / NODE_FILE,
                          json.dumps({str(k): v for k, v in sorted(wanted.items())}))
         argv = [self.binary, "-d", "-p", "3", "-m", "-a", str(self.config_file)]
         try:
@@ -497,7 +475,7 @@ class MpsV3Node:
         if ident is None:
             raise MpsV3Error(f"MPS v3 daemon did not come up in {self.pipe_dir} "
                              f"in {self.timeout:g} s")
-        _write_root_file(self.state_dir / IDENTITY_FILE, json.dumps(asdict(ident)))
+        ident.save(self.state_dir / IDENTITY_FILE)
         try:
             listed = {s["name"]: s for s in self.servers()}
             missing = [server_name(i) for i in wanted if server_name(i) not in listed]
@@ -644,7 +622,7 @@ class MpsV3Node:
             raise
         record = JobRecord(int(job_id), int(gpu_index), uuid, server, ns, uid, gid,
                            int(limit_mib), int(thread_pct), str(ns_dir))
-        _write_root_file(self._job_file(job_id), json.dumps(asdict(record)))
+        write_root_file(self._job_file(job_id), json.dumps(asdict(record)))
         if swept:
             self._note(f"job {job_id}: terminated foreign clients {swept} of namespace {ns}")
         return {
@@ -776,7 +754,7 @@ class MpsV3Node:
             ticks = procfs.start_ticks(pid) if pid else None
             if ticks is not None and procfs.parent(pid) == ident.pid:
                 known.add((pid, ticks))
-        _write_root_file(self.state_dir / SERVERS_FILE, json.dumps(sorted(known)))
+        write_root_file(self.state_dir / SERVERS_FILE, json.dumps(sorted(known)))
 
     def _servers(self) -> list[procfs.Process]:
         try:
