@@ -119,6 +119,26 @@ class DaemonIdentity(procfs.Process):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def answers_on(self, sock_path: Path) -> bool:
+        """The socket ``sock_path`` is answered by this daemon's pid, as root (``SO_PEERCRED``).
+
+        A connect that times out (a busy daemon whose backlog is full) counts while the
+        process still :meth:`matches`; a refused one (nobody listens) does not.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(2.0)
+            sock.connect(str(sock_path))
+            pid, uid, _ = struct.unpack(
+                "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except (TimeoutError, BlockingIOError, InterruptedError):
+            return self.matches()  # could not tell: a busy daemon, not a stranger
+        except OSError:
+            return False  # refused: nobody listens there (a dead or planted socket)
+        finally:
+            sock.close()
+        return bool(pid == self.pid and uid == os.geteuid())
+
     def save(self, path: Path) -> None:
         """Keep the identity in root state (``path``, 0600), for :meth:`load`."""
         write_root_file(path, json.dumps(asdict(self)))
@@ -197,19 +217,7 @@ class MpsDaemon:
         ident = self.identity()
         if ident is None or not self._socket_present():
             return False
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(2.0)
-            sock.connect(str(self.pipe_dir / CONTROL_SOCKET))
-            pid, uid, _ = struct.unpack(
-                "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        except (TimeoutError, BlockingIOError, InterruptedError):
-            return ident.matches()  # could not tell: a busy daemon, not a stranger
-        except OSError:
-            return False  # refused: nobody listens there (a dead or planted socket)
-        finally:
-            sock.close()
-        return pid == ident.pid and uid == os.geteuid() and ident.matches()
+        return ident.answers_on(self.pipe_dir / CONTROL_SOCKET) and ident.matches()
 
     def running(self) -> bool:
         """Our daemon lives and answers on its control socket (a job may replace it)."""

@@ -89,9 +89,7 @@ import re
 import selectors
 import shutil
 import signal
-import socket
 import stat
-import struct
 import subprocess
 import tempfile
 import time
@@ -386,19 +384,7 @@ class MpsV3Node:
 
     def _socket_is_ours(self, ident: DaemonIdentity) -> bool:
         """The main control socket is answered by our daemon (``SO_PEERCRED``)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(2.0)
-            sock.connect(str(self.pipe_dir / CONTROL))
-            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            pid, uid, _ = (int(x) for x in struct.unpack("3i", raw))
-        except (TimeoutError, BlockingIOError, InterruptedError):
-            return ident.matches()  # busy, not a stranger
-        except OSError:
-            return False
-        finally:
-            sock.close()
-        return pid == ident.pid and uid == os.geteuid()
+        return ident.answers_on(self.pipe_dir / CONTROL)
 
     def running(self) -> bool:
         """Our daemon lives and answers on its control socket."""
