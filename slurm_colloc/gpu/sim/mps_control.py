@@ -50,6 +50,7 @@ import socket
 import subprocess
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,11 +182,109 @@ class Server:
         return self.proc.pid
 
 
-class Daemon:
+def refuse_if_running(pipe_dir: Path, shown: Path) -> None:
+    """Raise :class:`MpsError` when a daemon answers in ``pipe_dir`` (named ``shown``)."""
+    try:
+        connect(pipe_dir, timeout=1.0).close()
+    except MpsError:
+        return  # nobody answers: a stale socket at most, to be replaced
+    raise MpsError(f"An instance of this daemon is already running ({shown})")
+
+
+class SelectLoop(ABC):
+    """The event loop of both stand-ins: listening sockets, connections, UI peers.
+
+    :meth:`serve` runs until ``running`` is cleared (``quit``) or SIGTERM, then
+    :meth:`shutdown`. A UI peer sends commands one a line; each answer ends with ``END``.
+    """
+
+    def __init__(self) -> None:
+        """No socket yet: a subclass listens with :meth:`_listen_on`."""
+        self.ui: dict[socket.socket, tuple[int, bytes]] = {}  # UI peer: (uid, partial line)
+        self.running = True
+        self.sel = selectors.DefaultSelector()
+
+    def _listen_on(self, path: Path) -> socket.socket:
+        """A listening socket at ``path`` (a stale one replaced), mode 0666, selected."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(os.fspath(path))
+        # clients of any user connect, as to the real socket (v3: a stand-in choice)
+        os.chmod(path, 0o666)  # noqa: S103
+        sock.listen(64)
+        sock.setblocking(False)
+        self.sel.register(sock, selectors.EVENT_READ)
+        return sock
+
+    def serve(self) -> None:
+        """Run until ``quit`` or SIGTERM, then :meth:`shutdown`."""
+        signal.signal(signal.SIGTERM, lambda *a: setattr(self, "running", False))
+        try:
+            while self.running:
+                for key, _ in self.sel.select(timeout=0.2):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if self._listens(sock):
+                        self._accept(sock)
+                    else:
+                        self._readable(sock)
+                self._after_events()
+        finally:
+            self.shutdown()
+
+    def _ui_data(self, conn: socket.socket, data: bytes) -> None:
+        """Answer the complete lines a UI peer sent (while running); keep a partial one."""
+        uid, buf = self.ui[conn]
+        buf += data
+        while b"\n" in buf and self.running:
+            line, buf = buf.split(b"\n", 1)
+            answer = self._answer(line, uid)
+            try:
+                conn.sendall(answer + END)
+            except OSError:
+                self._close(conn)
+                return
+        if len(buf) > MAX_LINE:
+            self._close(conn)
+            return
+        self.ui[conn] = (uid, buf)
+
+    @abstractmethod
+    def _listens(self, sock: socket.socket) -> bool:
+        """``sock`` is one of the daemon's listening sockets."""
+
+    @abstractmethod
+    def _accept(self, listener: socket.socket) -> None:
+        """A connection is waiting on ``listener``."""
+
+    @abstractmethod
+    def _readable(self, conn: socket.socket) -> None:
+        """``conn`` has data (or EOF)."""
+
+    @abstractmethod
+    def _after_events(self) -> None:
+        """After each round of events (and each 0.2 s)."""
+
+    @abstractmethod
+    def _answer(self, line: bytes, uid: int) -> bytes:
+        """The answer to one command line of a UI peer of ``uid``."""
+
+    @abstractmethod
+    def _close(self, conn: socket.socket) -> None:
+        """Forget and close a connection."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop servers, close every connection, remove what the daemon made."""
+
+
+class Daemon(SelectLoop):
     """The control daemon's state machine; one instance per pipe directory (= per GPU)."""
 
     def __init__(self, pipe_dir: Path, log: ControlLog) -> None:
         """Bind the control socket; refuses if another daemon answers on it."""
+        super().__init__()
         self.pipe_dir = pipe_dir
         self.log = log
         self.owner = os.geteuid()
@@ -195,26 +294,11 @@ class Daemon:
         self.default_limits: dict[int | None, int] = {}
         self.servers: list[Server] = []
         self.waiting: list[Client] = []
-        self.ui: dict[socket.socket, tuple[int, bytes]] = {}
         self.clients: dict[socket.socket, Client] = {}
         self.pending: dict[socket.socket, bytes] = {}
-        self.running = True
-        self.sel = selectors.DefaultSelector()
         sock_path = pipe_dir / SOCKET_NAME
-        try:
-            connect(pipe_dir, timeout=1.0).close()
-        except MpsError:
-            pass  # nobody answers: a stale socket at most, replaced below
-        else:
-            raise MpsError(f"An instance of this daemon is already running ({sock_path})")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(sock_path)
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(os.fspath(sock_path))
-        os.chmod(sock_path, 0o666)  # noqa: S103 - clients of any user connect, as to the real socket
-        self.listener.listen(64)
-        self.listener.setblocking(False)
-        self.sel.register(self.listener, selectors.EVENT_READ)
+        refuse_if_running(pipe_dir, sock_path)
+        self.listener = self._listen_on(sock_path)
         (pipe_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         log.ctl(f"Starting control daemon using socket {sock_path}")
         log.ctl(
@@ -297,7 +381,7 @@ class Daemon:
             )
             with contextlib.suppress(OSError):
                 conn.sendall(f"{NOT_READY}\n".encode())
-            self._close_conn(conn)
+            self._close(conn)
             return
         client = Client(conn, pid, uid, device)
         self.clients[conn] = client
@@ -487,8 +571,11 @@ class Daemon:
         return ""
 
     # --- event loop ---------------------------------------------------------------
-    def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+    def _listens(self, sock: socket.socket) -> bool:
+        return sock is self.listener
+
+    def _accept(self, listener: socket.socket) -> None:
+        conn, _ = listener.accept()
         conn.settimeout(2.0)
         self.log.ctl("Accepting connection...")
         self.pending[conn] = b""
@@ -507,13 +594,13 @@ class Daemon:
                 self._client_data(self.clients[conn], data)
             return
         if not data:
-            self._close_conn(conn)
+            self._close(conn)
             return
         if conn in self.pending:
             buf = self.pending[conn] + data
             if b"\n" not in buf:
                 if len(buf) > MAX_LINE:
-                    self._close_conn(conn)
+                    self._close(conn)
                 else:
                     self.pending[conn] = buf
                 return
@@ -531,24 +618,14 @@ class Daemon:
                 return
             else:
                 self.log.ctl("Unable to read new connection type information")
-                self._close_conn(conn)
+                self._close(conn)
                 return
-        uid, buf = self.ui[conn]
-        buf += data
-        while b"\n" in buf and self.running:
-            line, buf = buf.split(b"\n", 1)
-            answer = self.command(line.decode("utf-8", "replace"), uid)
-            try:
-                conn.sendall(answer.encode() + END)
-            except OSError:
-                self._close_conn(conn)
-                return
-        if len(buf) > MAX_LINE:
-            self._close_conn(conn)
-            return
-        self.ui[conn] = (uid, buf)
+        self._ui_data(conn, data)
 
-    def _close_conn(self, conn: socket.socket) -> None:
+    def _answer(self, line: bytes, uid: int) -> bytes:
+        return self.command(line.decode("utf-8", "replace"), uid).encode()
+
+    def _close(self, conn: socket.socket) -> None:
         if conn in self.ui:
             self.log.ctl("UI closed")
         self.ui.pop(conn, None)
@@ -557,21 +634,8 @@ class Daemon:
             self.sel.unregister(conn)
         conn.close()
 
-    def serve(self) -> None:
-        """Run until ``quit`` or SIGTERM, then stop every server and clean up."""
-        signal.signal(signal.SIGTERM, lambda *a: setattr(self, "running", False))
-        try:
-            while self.running:
-                for key, _ in self.sel.select(timeout=0.2):
-                    if key.fileobj is self.listener:
-                        self._accept()
-                    else:
-                        sock = key.fileobj
-                        assert isinstance(sock, socket.socket)
-                        self._readable(sock)
-                self._schedule()
-        finally:
-            self.shutdown()
+    def _after_events(self) -> None:
+        self._schedule()
 
     def shutdown(self) -> None:
         """Stop servers, close every connection, remove socket and pid file."""

@@ -83,7 +83,6 @@ import os
 import re
 import selectors
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -96,7 +95,6 @@ from typing import Any, TextIO
 from slurm_colloc.gpu.sim import mps_control as legacy
 from slurm_colloc.gpu.sim.mps_control import Client, log_line, spawn_server
 from slurm_colloc.gpu.sim.mps_protocol import (
-    END,
     FATAL,
     MAX_LINE,
     NOT_READY,
@@ -457,7 +455,7 @@ def _sim_devices() -> tuple[set[str], int] | None:
     return {spec.uuid(i) for i in range(spec.gpu_count)}, spec.gpu_count
 
 
-class V3Daemon:
+class V3Daemon(legacy.SelectLoop):
     """The v3 control daemon's state machine (one per pipe directory, i.e. per node)."""
 
     def __init__(
@@ -471,20 +469,13 @@ class V3Daemon:
         self.owner = os.geteuid()
         if multiuser and self.owner != 0:
             raise MpsError("multiuser mode requires root")
+        super().__init__()
         self.pipe_dir, self.log_dir, self.multiuser = pipe_dir, log_dir, multiuser
         self.servers: dict[str, V3Server] = {}
         self.routes: dict[socket.socket, tuple[str | None, str | None]] = {}
         self.pending: dict[socket.socket, tuple[tuple[str | None, str | None], bytes]] = {}
-        self.ui: dict[socket.socket, tuple[int, bytes]] = {}
         self.clients: dict[socket.socket, Attached] = {}
-        self.running = True
-        self.sel = selectors.DefaultSelector()
-        try:
-            connect(pipe_dir, timeout=1.0).close()
-        except MpsError:
-            pass
-        else:
-            raise MpsError(f"An instance of this daemon is already running ({pipe_dir})")
+        legacy.refuse_if_running(pipe_dir, pipe_dir)
         pipe_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.control = open(log_dir / "control.log", "a", buffering=1)  # noqa: SIM115
@@ -509,15 +500,7 @@ class V3Daemon:
 
     # --- sockets ------------------------------------------------------------------
     def _listen(self, directory: Path, route: tuple[str | None, str | None]) -> socket.socket:
-        path = directory / SOCKET_NAME
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(os.fspath(path))
-        os.chmod(path, 0o666)  # noqa: S103 - stand-in choice: root restricts, see module doc
-        sock.listen(64)
-        sock.setblocking(False)
-        self.sel.register(sock, selectors.EVENT_READ)
+        sock = self._listen_on(directory / SOCKET_NAME)  # mode 0666: see the module doc
         self.routes[sock] = route
         return sock
 
@@ -1003,26 +986,18 @@ class V3Daemon:
                 self.ctl("Unable to read new connection type information")
                 self._close(conn)
                 return
-        uid, buf = self.ui[conn]
-        buf += data
-        while b"\n" in buf and self.running:
-            raw, buf = buf.split(b"\n", 1)
-            try:
-                argv = json.loads(raw)
-                if not isinstance(argv, list) or not all(isinstance(x, str) for x in argv):
-                    raise ValueError("not a list of strings")
-                status, text = self.command(argv, uid)
-            except ValueError as e:
-                status, text = 1, f"malformed command: {e}"
-            try:
-                conn.sendall(f"{status}{text}".encode() + END)
-            except OSError:
-                self._close(conn)
-                return
-        if len(buf) > MAX_LINE:
-            self._close(conn)
-            return
-        self.ui[conn] = (uid, buf)
+        self._ui_data(conn, data)
+
+    def _answer(self, line: bytes, uid: int) -> bytes:
+        """A UI line is a JSON list of words; the answer is the status digit, then text."""
+        try:
+            argv = json.loads(line)
+            if not isinstance(argv, list) or not all(isinstance(x, str) for x in argv):
+                raise ValueError("not a list of strings")
+            status, text = self.command(argv, uid)
+        except ValueError as e:
+            status, text = 1, f"malformed command: {e}"
+        return f"{status}{text}".encode()
 
     def _close(self, conn: socket.socket) -> None:
         self.ui.pop(conn, None)
@@ -1032,7 +1007,11 @@ class V3Daemon:
             self.sel.unregister(conn)
         conn.close()
 
-    def _reap_servers(self) -> None:
+    def _listens(self, sock: socket.socket) -> bool:
+        return sock in self.routes
+
+    def _after_events(self) -> None:
+        """Servers whose process exited are deleted."""
         for server in list(self.servers.values()):
             if server.proc.poll() is not None:
                 self.ctl(
@@ -1040,22 +1019,6 @@ class V3Daemon:
                     f"{server.proc.returncode}"
                 )
                 self._delete_server(server)
-
-    def serve(self) -> None:
-        """Run until ``quit`` (``-q``) or SIGTERM, then stop every server and clean up."""
-        signal.signal(signal.SIGTERM, lambda *a: setattr(self, "running", False))
-        try:
-            while self.running:
-                for key, _ in self.sel.select(timeout=0.2):
-                    sock = key.fileobj
-                    assert isinstance(sock, socket.socket)
-                    if sock in self.routes:
-                        self._accept(sock)
-                    else:
-                        self._readable(sock)
-                self._reap_servers()
-        finally:
-            self.shutdown()
 
     def shutdown(self) -> None:
         """Terminate clients, stop servers, remove what the daemon made in the pipe dir."""
