@@ -35,22 +35,23 @@ def stat_fields(pid: int, proc: str = "/proc") -> list[bytes] | None:
     return raw[raw.rfind(b")") + 2:].split()
 
 
-def start_ticks(pid: int, proc: str = "/proc") -> int | None:
-    """Process start time (stat field 22): with the pid, a unique identity."""
+def _stat_int(pid: int, index: int, proc: str) -> int | None:
+    """Field ``index`` of :func:`stat_fields` as a number."""
     fields = stat_fields(pid, proc)
     try:
-        return int(fields[19]) if fields else None
+        return int(fields[index]) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+def start_ticks(pid: int, proc: str = "/proc") -> int | None:
+    """Process start time (stat field 22): with the pid, a unique identity."""
+    return _stat_int(pid, 19, proc)
 
 
 def parent(pid: int, proc: str = "/proc") -> int | None:
     """Parent pid (stat field 4)."""
-    fields = stat_fields(pid, proc)
-    try:
-        return int(fields[1]) if fields else None
-    except (IndexError, ValueError):
-        return None
+    return _stat_int(pid, 1, proc)
 
 
 def alive(pid: int, proc: str = "/proc") -> bool:
