@@ -28,6 +28,7 @@ from rich.table import Table
 
 from slurm_colloc import config as cfgmod
 from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.gpu.budget import GpuBudget
 from slurm_colloc.gpu.sim.backend import SimBackend
 from slurm_colloc.slurm.adapter import SlurmCli, job_state
 
@@ -80,8 +81,8 @@ def _sbatch(cluster: Cluster, workdir: Path, job: DemoJob) -> int:
     return int(cp.stdout.strip().split(";")[0])
 
 
-def _submit_table(slurm: SlurmCli, ids: dict[str, int]) -> Table:
-    """Estimate, memory asked for and shards per job, from job_submit's record."""
+def _submit_table(slurm: SlurmCli, ids: dict[str, int], budget: GpuBudget) -> Table:
+    """Estimate, memory asked for, shards and MPS limit per job, from job_submit's record."""
     from slurm_colloc.site.record import parse_record
 
     table = Table("job", "id", "how the size was set", "estimate (incl. margin)", "asked",
@@ -96,7 +97,7 @@ def _submit_table(slurm: SlurmCli, ids: dict[str, int]) -> Table:
             rec.mode, rec.mode)
         est = f"{rec.est_mib / 1024:.1f} GiB" if rec.est_mib else "-"
         table.add_row(job.name, str(ids[job.name]), how, est, f"{rec.need_mib / 1024:.1f} GiB",
-                      str(rec.shards), f"{rec.alloc_mib / 1024:.0f} GiB")
+                      str(rec.shards), f"{budget.pinned_limit_mib(rec.shards) / 1024:.1f} GiB")
     return table
 
 
@@ -125,9 +126,9 @@ def run(console: Console, root: Path | None = None) -> int:
         ids[job.name] = _sbatch(cluster, workdir, job)
         opts = " ".join(o.replace(str(SUMMARIES) + "/", "") for o in job.options)
         console.print(f"  sbatch {opts}\n      -> job {ids[job.name]} {job.name}: {job.story}")
-    console.print(_submit_table(slurm, ids))
+    console.print(_submit_table(slurm, ids, cluster.spec.budget()))
     console.print("Slurm places the shards; colloc's prolog runs each job under MPS capped at "
-                  "its shards x 1 GiB.\n")
+                  "its shards x 1 GiB less its CUDA context, the GPU named by its UUID.\n")
     seen_oom = False
     deadline = time.monotonic() + 240
     last_print = 0.0
@@ -281,7 +282,7 @@ def _safety_scene(console: Console, cluster: Cluster, slurm: SlurmCli, workdir: 
         return False
     finally:
         victim.kill()
-    capped = "0=2048M" in out
+    capped = f"0={cluster.spec.budget().pinned_limit_mib(2)}M" in out  # 2 GiB less a context
     console.print(f"  job {job}: [{'green' if capped else 'red'}]{out}[/] "
                   "(the prolog read Slurm's JSON record, not the comment's text)")
     console.print(f"  {other}'s process {vpid} after the epilog: "
