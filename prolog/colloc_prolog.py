@@ -1,29 +1,13 @@
 #!/usr/bin/env python3
-"""Slurm Prolog (root, compute node). Contract: see docs/node.md.
+"""Slurm Prolog (root, compute node): a shim over ``slurm_colloc.node.scripts.prolog``.
 
-Environment: SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_USER, SLURM_JOB_GPUS,
-SLURMD_NODENAME from slurmd; COLLOC_CONF and SLURM_CONF from the wrapper.
-Exit status: always 0. A non-zero Prolog exit drains the node and holds the job,
-which we never want for an error of our own; failures are logged and the job runs
-without MPS.
+Installed sites point slurm.conf at the console script ``colloc-prolog``; this file
+serves a source checkout. Contract: docs/node.md. Always exits 0.
 """
 
-import os
 import sys
 
-
-def main() -> int:
-    job = os.environ.get("SLURM_JOB_ID", "?")
-    try:
-        from slurm_colloc.node.entry import prolog_main
-
-        return prolog_main(dict(os.environ))
-    except BaseException as e:  # noqa: BLE001 - last line of defence: never drain the node
-        sys.stderr.write(
-            f"colloc: prolog: job {job}: internal error, job runs without MPS: {e!r}\n"
-        )
-        return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from slurm_colloc.node.scripts import prolog
+
+    sys.exit(prolog())
