@@ -129,6 +129,9 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
     for r in rows:
         by_job.setdefault(r.job_id, []).append(r)
     out = PeriodSummary(since=since, user=user, jobs=len(by_job))
+    if site_budget is None:
+        out.warnings.append(f"gpu_memory_mib = 0 in colloc.conf: GPU-hours assume {spg} "
+                            "shards per GPU; set gpu_memory_mib to your GPUs' memory")
     stats: dict[str, EstimatorStats] = {}
     for job_id, lines in by_job.items():
         try:

@@ -260,3 +260,15 @@ def test_elapsed_parser() -> None:
     assert parse_elapsed("1-02:03:04") == 93784
     assert parse_elapsed("03:04") == 184
     assert parse_elapsed("Unknown") is None
+
+
+def test_admin_view_says_when_it_assumes_the_gpu_size() -> None:
+    """With gpu_memory_mib = 0 the savings rest on an assumed 40 shards: say so."""
+    from dataclasses import replace
+
+    w = world()
+    rows = w.period_rows("x", None, None)
+    unsized = admin.summarize_period(rows, replace(CFG, gpu_memory_mib=0), "x", None)
+    assert any("gpu_memory_mib = 0" in m for m in unsized.warnings)
+    sized = admin.summarize_period(rows, replace(CFG, gpu_memory_mib=40960), "x", None)
+    assert not any("gpu_memory_mib" in m for m in sized.warnings)
