@@ -1,4 +1,4 @@
-"""``colloc admin install|gres-conf|doctor``: set up and check the submit path of a site."""
+"""``colloc admin install|uninstall|gres-conf|doctor``: set up and check a site."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from slurm_colloc import config as config_mod
+from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.site import doctor as doctor_mod
 from slurm_colloc.site import install as site
 
@@ -34,19 +35,30 @@ def admin() -> None:
     """Install and check colloc's Slurm plugins (run as root on the controller)."""
 
 
+lib_dir_option = click.option(
+    "--lib-dir", type=click.Path(path_type=Path), default=Path("/usr/local/lib/slurm-colloc"),
+    show_default=True, help="Where the SPANK plugin is installed (must exist on every node).",
+)
+
+
 @admin.command()
 @slurm_conf_option
-@click.option("--lib-dir", type=click.Path(path_type=Path),
-              default=Path("/usr/local/lib/slurm-colloc"), show_default=True,
-              help="Where the SPANK plugin is installed (must exist on every node).")
-@click.option("--gpu-memory-mib", type=int, default=None,
-              help="Memory of one GPU (default: colloc.conf, then detect via the backend).")
+@lib_dir_option
+@click.option("--gpu-memory-mib", type=int, multiple=True,
+              help="Memory of one GPU; repeat once per GPU size of the site (default: "
+                   "colloc.conf, then detect via the backend). Lua filters use the smallest.")
+@click.option("--slurm-include", type=click.Path(path_type=Path), default=None,
+              help="Directory of Slurm's spank.h (default: $SLURM_INCLUDE_DIR, then "
+                   "/usr/include/slurm, /usr/include/slurm-wlm, /usr/local/include/slurm).")
+@click.option("--apply", "apply_", is_flag=True,
+              help="Build the plugin and write the files; without it nothing is written.")
 @click.option("--force", is_flag=True, help="Replace Lua filters not written by colloc.")
-def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: int | None,
-            force: bool) -> None:
-    """Build the SPANK plugin, write cli_filter.lua, job_submit.lua, plugstack drop-in.
+def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, ...],
+            slurm_include: Path | None, apply_: bool, force: bool) -> None:
+    """Print (dry run) or, with --apply, write the site set-up, per role.
 
-    Prints the slurm.conf lines to add; the Lua filters go next to slurm.conf.
+    A dry run by default: on a real controller a surprise write next to slurm.conf is
+    read by slurmctld at the next reconfigure, so the admin reads the plan first.
     """
     conf = _slurm_conf(slurm_conf)
     cfg = _load_config()
@@ -56,9 +68,27 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: int | None,
     except KeyError:
         uids = [0]
     try:
-        settings = site.settings_from_config(cfg, gpu_memory_mib=gpu_memory_mib,
-                                             trusted_uids=uids)
-        res = site.install(conf.parent, lib_dir, settings, force=force)
+        settings = site.settings_from_config(
+            cfg, gpu_memory_mib=min(gpu_memory_mib) if gpu_memory_mib else None,
+            trusted_uids=uids)
+        types = site.node_types(cfg, gpu_memory_mib or [settings.gpu_memory_mib])
+    except (site.InstallError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    except GpuBackendError as e:  # the controller often has no GPU to detect
+        raise click.ClickException(f"{e}\npass --gpu-memory-mib (once per GPU size)") from e
+    try:
+        headers: Path | None = site.find_spank_header(slurm_include)
+        missing = ""
+    except site.InstallError as e:
+        headers, missing = None, str(e)
+    if not apply_:
+        click.echo(site.render_plan(conf.parent, lib_dir, settings, types, headers=headers),
+                   nl=False)
+        if missing:
+            click.echo(f"\nwarning: {missing}")
+        return
+    try:
+        res = site.install(conf.parent, lib_dir, settings, force=force, include=slurm_include)
     except site.InstallError as e:
         raise click.ClickException(str(e)) from e
     for p in res.written:
@@ -67,12 +97,49 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: int | None,
                f"{settings.jobs_mib} MiB for jobs ({settings.shards_per_gpu} shards), "
                f"estimator = {settings.estimator}")
     click.echo(f"\n# add to {conf} (then: scontrol reconfigure)")
-    for line in ["SelectType=select/cons_tres", "GresTypes=gpu,shard", *res.slurm_conf_lines]:
+    for line in site.site_slurm_conf(conf.parent):
         click.echo(line)
     for note in res.notes:
         click.echo(f"note: {note}")
-    click.echo("\n# gres.conf: see `colloc admin gres-conf`; copy the plugin and the Lua "
-               "files to every login node and node")
+    click.echo("\n# gres.conf: run `colloc admin gres-conf` on one node of each GPU type; "
+               "copy the plugin and the Lua files to every login node and node")
+
+
+@admin.command()
+@slurm_conf_option
+@lib_dir_option
+@click.option("--apply", "apply_", is_flag=True, help="Remove the files; else only list them.")
+def uninstall(slurm_conf: Path | None, lib_dir: Path, apply_: bool) -> None:
+    """List (dry run) or, with --apply, remove the files colloc wrote.
+
+    Only files carrying colloc's marker are touched: a site's own job_submit.lua or
+    plugstack.conf at the same path is never removed. Take the slurm.conf lines out and
+    `scontrol reconfigure` first: with JobSubmitPlugins=lua and no job_submit.lua,
+    slurmctld rejects every submission.
+    """
+    conf = _slurm_conf(slurm_conf)
+    plan = site.plan_uninstall(conf.parent, lib_dir)
+    click.echo(f"# 1. remove from {conf}, then `scontrol reconfigure` (keep CliFilterPlugins/"
+               "JobSubmitPlugins/PrologFlags if the site uses them otherwise):")
+    for line in plan.slurm_conf_lines or ["(none found)"]:
+        click.echo(line)
+    verb = "removed" if apply_ else "would remove"
+    how = "removing" if apply_ else "dry run; --apply removes them"
+    click.echo(f"\n# 2. files colloc wrote ({how}):")
+    if apply_:
+        done = site.uninstall(plan)
+        for p in done:
+            click.echo(f"{verb} {p}")
+    else:
+        for p in plan.remove:
+            click.echo(f"{verb} {p}")
+    if not plan.remove:
+        click.echo("(none found)")
+    for p in plan.foreign:
+        click.echo(f"kept {p} (not written by slurm-colloc)")
+    for note in plan.notes:
+        click.echo(f"note: {note}")
+    click.echo("\n# 3. on every host: pip uninstall slurm-colloc (after the last colloc job ends)")
 
 
 @admin.command("gres-conf")

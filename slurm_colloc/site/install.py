@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -232,22 +232,67 @@ def gres_conf_lines(
 
 
 # ------------------------------------------------------------------ building
-def build_spank_plugin(dest: Path, *, cc: str | None = None) -> Path:
+HEADER_DIRS = (
+    Path("/usr/include/slurm"),  # Debian/Ubuntu libslurm-dev, RHEL slurm-devel
+    Path("/usr/include/slurm-wlm"),  # older Debian/Ubuntu slurm-wlm packaging
+    Path("/usr/local/include/slurm"),  # Slurm built from source with the default prefix
+)
+HEADER_PACKAGES = "Debian/Ubuntu: apt-get install libslurm-dev; RHEL/Rocky: dnf install slurm-devel"
+
+
+def header_candidates(include: Path | None = None, env: Mapping[str, str] | None = None,
+                      ) -> list[Path]:
+    """Directories that may hold ``spank.h``, in the order they are tried.
+
+    ``include`` (``--slurm-include``) is searched alone: an admin naming the headers of
+    the Slurm the site runs must not get a build against another version's headers
+    found elsewhere. ``$SLURM_INCLUDE_DIR`` comes before the usual places. Either may
+    name the ``slurm`` directory itself or the include directory above it.
+    """
+    env = os.environ if env is None else env
+    if include:
+        return [Path(include), Path(include) / "slurm"]
+    given = env.get("SLURM_INCLUDE_DIR")
+    out = [Path(given), Path(given) / "slurm"] if given else []
+    return out + [d for d in HEADER_DIRS if d not in out]
+
+
+def find_spank_header(include: Path | None = None, env: Mapping[str, str] | None = None,
+                      ) -> Path:
+    """The directory holding the Slurm headers (``spank.h``) to build against."""
+    tried = header_candidates(include, env)
+    for d in tried:
+        if (d / "spank.h").is_file():
+            return d
+    raise InstallError(
+        "spank.h not found; searched " + ", ".join(str(d / "spank.h") for d in tried)
+        + f". Install Slurm's development headers ({HEADER_PACKAGES}), or pass "
+        "--slurm-include DIR (or set SLURM_INCLUDE_DIR) for a Slurm built from source"
+    )
+
+
+def build_spank_plugin(dest: Path, *, cc: str | None = None,
+                       include: Path | None = None) -> Path:
     """Compile the SPANK plugin against the installed Slurm headers into ``dest``."""
     compiler = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise InstallError("no C compiler found (apt-get install gcc)")
-    if not Path("/usr/include/slurm/spank.h").exists():
-        raise InstallError("/usr/include/slurm/spank.h missing (apt-get install libslurm-dev)")
+    headers = find_spank_header(include)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="colloc-spank-") as tmp:
         t = Path(tmp)
         src, vmap = t / "colloc_spank.c", t / "colloc_spank.map"
         src.write_text(_source("spank", "colloc_spank.c"))
         vmap.write_text(_source("spank", "colloc_spank.map"))
+        # the source and spank.h itself include <slurm/...>: a "slurm" link to the
+        # header directory found makes that resolve whatever the directory is called
+        inc = t / "include"
+        inc.mkdir()
+        (inc / "slurm").symlink_to(headers.resolve(), target_is_directory=True)
         out = t / PLUGIN_NAME
         cp = subprocess.run(
-            [compiler, *CFLAGS, f"-Wl,--version-script={vmap}", "-o", str(out), str(src)],
+            [compiler, *CFLAGS, f"-I{inc}", f"-Wl,--version-script={vmap}", "-o", str(out),
+             str(src)],
             capture_output=True, text=True, check=False,
         )
         if cp.returncode != 0:
@@ -293,7 +338,7 @@ def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
 
 def install(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, *, force: bool = False,
-    cc: str | None = None,
+    cc: str | None = None, include: Path | None = None,
 ) -> InstallResult:
     """Build the plugin into ``lib_dir``; write the Lua filters and plugstack drop-in.
 
@@ -304,7 +349,7 @@ def install(
     """
     res = InstallResult()
     conf_dir.mkdir(parents=True, exist_ok=True)
-    plugin = build_spank_plugin(lib_dir / PLUGIN_NAME, cc=cc)
+    plugin = build_spank_plugin(lib_dir / PLUGIN_NAME, cc=cc, include=include)
     res.written.append(plugin)
     for name, text in (
         ("job_submit.lua", render_job_submit(settings)),
@@ -312,17 +357,191 @@ def install(
     ):
         _write(conf_dir / name, text, force=force)
         res.written.append(conf_dir / name)
-    dropin_dir = conf_dir / "plugstack.conf.d"
-    dropin_dir.mkdir(exist_ok=True)
-    dropin = dropin_dir / "colloc.conf"
+    dropin = plugstack_dropin(conf_dir)
+    dropin.parent.mkdir(exist_ok=True)
     _write(dropin, f"# slurm-colloc: sbatch --colloc\n{plugstack_line(plugin)}\n", force=True)
     res.written.append(dropin)
     plugstack = conf_dir / "plugstack.conf"
-    include = f"include {dropin_dir}/*.conf"
+    include_line = plugstack_include(conf_dir)
     if not plugstack.exists():
-        plugstack.write_text(f"# written by slurm-colloc\n{include}\n")
+        plugstack.write_text(f"# written by slurm-colloc\n{include_line}\n")
         res.written.append(plugstack)
-    elif include not in plugstack.read_text(errors="replace"):
-        res.notes.append(f"add this line to {plugstack}: {include}")
+    elif include_line not in plugstack.read_text(errors="replace"):
+        res.notes.append(f"add this line to {plugstack}: {include_line}")
     res.slurm_conf_lines = slurm_conf_lines(conf_dir, plugstack)
     return res
+
+
+def plugstack_dropin(conf_dir: Path) -> Path:
+    """The plugstack drop-in colloc owns (a site's plugstack.conf stays the site's)."""
+    return conf_dir / "plugstack.conf.d" / "colloc.conf"
+
+
+def plugstack_include(conf_dir: Path) -> str:
+    """The line of plugstack.conf that loads the drop-ins."""
+    return f"include {plugstack_dropin(conf_dir).parent}/*.conf"
+
+
+# ------------------------------------------------------------------ the site's plan
+NODE_SCRIPTS = {"Prolog": "colloc-prolog", "TaskProlog": "colloc-task-prolog",
+                "Epilog": "colloc-epilog"}
+
+
+def node_script_paths(bin_dir: Path | None = None) -> dict[str, Path]:
+    """slurm.conf key -> console script, next to the running Python (the venv's).
+
+    Slurm runs these as root with an empty PATH, so slurm.conf needs absolute paths, and
+    the same path must exist on every GPU node (install colloc there the same way).
+    """
+    d = bin_dir or Path(sys.executable).parent
+    return {k: d / v for k, v in NODE_SCRIPTS.items()}
+
+
+def site_slurm_conf(conf_dir: Path, bin_dir: Path | None = None) -> list[str]:
+    """Everything slurm.conf needs, with ``#`` lines saying why where it is not obvious."""
+    scripts = node_script_paths(bin_dir)
+    return [
+        "SelectType=select/cons_tres",
+        "GresTypes=gpu,shard",
+        *slurm_conf_lines(conf_dir),
+        *(f"{k}={v}" for k, v in scripts.items()),
+        "# Alloc: the prolog runs when the job is allocated (it starts the job's MPS",
+        "# client limits before any step); Contain: the job's cgroup exists from the",
+        "# start, so the hard GPU-memory limit holds every process of the job",
+        "PrologFlags=Alloc,Contain",
+        "# also needed: ProctrackType=proctrack/cgroup, and in cgroup.conf",
+        "# ConstrainDevices=yes (a shard job sees only its GPU's device file)",
+    ]
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One GPU size of the site and what gres.conf declares for it."""
+
+    gpu_memory_mib: int
+    usable_mib: int
+    shards_per_gpu: int
+
+
+def node_types(cfg: CollocConfig, gpu_memory_mib: Sequence[int]) -> list[NodeType]:
+    """Per GPU size, the shards of one GPU (:mod:`slurm_colloc.gpu.budget`)."""
+    out = []
+    for mem in sorted(set(gpu_memory_mib)):
+        b = budget(cfg, mem)
+        out.append(NodeType(mem, b.usable_mib, b.shards_per_gpu))
+    return out
+
+
+def planned_files(conf_dir: Path, lib_dir: Path) -> list[tuple[Path, str]]:
+    """(file, what it is) that ``install --apply`` writes, in order."""
+    return [
+        (lib_dir / PLUGIN_NAME, "SPANK plugin (sbatch --colloc), built against spank.h"),
+        (conf_dir / "job_submit.lua", "job_submit filter (slurmctld)"),
+        (conf_dir / "cli_filter.lua", "cli_filter (sbatch/salloc/srun on login nodes)"),
+        (plugstack_dropin(conf_dir), "plugstack drop-in loading the plugin"),
+        (conf_dir / "plugstack.conf", "only if missing; else add the include line"),
+    ]
+
+
+def render_plan(
+    conf_dir: Path, lib_dir: Path, settings: SiteSettings, types: Sequence[NodeType] = (),
+    *, bin_dir: Path | None = None, headers: Path | str | None = None,
+) -> str:
+    """The whole site set-up as text, per role: what ``--apply`` writes, what to add."""
+    slurm_conf = conf_dir / "slurm.conf"
+    plugin = lib_dir / PLUGIN_NAME
+    out = ["# slurm-colloc site set-up (dry run: nothing written; --apply writes the files)",
+           f"# shard = {settings.shard_mib} MiB; estimator (cli_filter) = {settings.estimator}",
+           "", f"## slurm.conf ({slurm_conf}; the same file on every host), then "
+           "`scontrol reconfigure`", *site_slurm_conf(conf_dir, bin_dir), ""]
+    out += ["## files `colloc admin install --apply` writes (run it on the controller)"]
+    out += [f"{p}  # {what}" for p, what in planned_files(conf_dir, lib_dir)]
+    out += [f"# Slurm headers for the plugin: {headers or 'NOT FOUND (see --slurm-include)'}",
+            "", f"## {conf_dir / 'plugstack.conf'} (written when missing; else add this line)",
+            plugstack_include(conf_dir),
+            f"## {plugstack_dropin(conf_dir)} (written)", plugstack_line(plugin), ""]
+    out += ["## controller (slurmctld)",
+            f"job_submit.lua next to slurm.conf ({conf_dir}/job_submit.lua); rewrites "
+            f"--colloc jobs into shards of {settings.jobs_mib} MiB GPUs "
+            f"({settings.shards_per_gpu} shards per GPU)", ""]
+    out += ["## login / submit hosts",
+            f"cli_filter.lua in {conf_dir}/, {plugin} and the plugstack files as above;",
+            f"colloc installed so that {settings.estimator} exists", ""]
+    out += ["## GPU nodes (slurmd)",
+            f"{plugin} and the plugstack files as above;",
+            *(f"{v}" + "  # must exist on every GPU node" for v in
+              node_script_paths(bin_dir).values()),
+            "gres.conf: run `colloc admin gres-conf --node-name NODE` on one node of each "
+            "GPU type; add its Gres= value to that NodeName line in slurm.conf"]
+    if types:
+        out += ["# shards per GPU by GPU size (usable = total less driver reserve and MPS "
+                "servers):"]
+        out += [f"#   {t.gpu_memory_mib} MiB GPU: {t.usable_mib} MiB usable, "
+                f"Name=shard Count={t.shards_per_gpu} per GPU" for t in types]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ uninstalling
+def carries_marker(path: Path) -> bool:
+    """Whether colloc wrote ``path``: text files name :data:`MARKER` in their first lines,
+    the plugin in its option help (a string constant of the binary)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    head = data if path.suffix == ".so" else data[:400]
+    return MARKER.encode() in head
+
+
+@dataclass
+class UninstallPlan:
+    """What ``colloc admin uninstall`` removes and what the admin must take out by hand."""
+
+    remove: list[Path] = field(default_factory=list)
+    foreign: list[Path] = field(default_factory=list)
+    """Files at colloc's paths that colloc did not write: never removed."""
+    slurm_conf_lines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _colloc_line(line: str, ours: Sequence[str]) -> bool:
+    s = line.strip()
+    return bool(s) and not s.startswith("#") and (
+        s in ours or "colloc" in s.split("#")[0].lower()
+    )
+
+
+def plan_uninstall(conf_dir: Path, lib_dir: Path, bin_dir: Path | None = None,
+                   ) -> UninstallPlan:
+    """Find colloc's files (marker only) and slurm.conf's colloc lines."""
+    plan = UninstallPlan()
+    for path, _ in planned_files(conf_dir, lib_dir):
+        if path.exists():
+            (plan.remove if carries_marker(path) else plan.foreign).append(path)
+    slurm_conf = conf_dir / "slurm.conf"
+    ours = [ln for ln in site_slurm_conf(conf_dir, bin_dir) if not ln.startswith("#")]
+    if slurm_conf.exists():
+        plan.slurm_conf_lines = [
+            ln.strip() for ln in slurm_conf.read_text(errors="replace").splitlines()
+            if _colloc_line(ln, ours[2:])
+        ]
+    plugstack = conf_dir / "plugstack.conf"
+    if plugstack in plan.foreign and plugstack_include(conf_dir) in plugstack.read_text(
+        errors="replace"
+    ):
+        plan.notes.append(f"the site's {plugstack}: remove {plugstack_include(conf_dir)}")
+    return plan
+
+
+def uninstall(plan: UninstallPlan) -> list[Path]:
+    """Remove the plan's files, re-checking each for the marker; returns those removed."""
+    removed = []
+    for path in plan.remove:
+        if path.exists() and carries_marker(path):
+            path.unlink()
+            removed.append(path)
+    for path in plan.remove:
+        d = path.parent
+        if d.name == "plugstack.conf.d" and d.exists() and not any(d.iterdir()):
+            d.rmdir()
+    return removed

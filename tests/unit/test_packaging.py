@@ -18,3 +18,20 @@ def test_every_python_folder_is_a_package() -> None:
         and not (d / "__init__.py").exists()
     ]
     assert missing == []
+
+
+def test_every_console_script_names_an_importable_callable() -> None:
+    """A typo in setup.cfg only shows on a site, where the prolog then fails to start."""
+    import configparser
+    import importlib
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    scripts = [ln.split("=", 1) for ln in
+               cfg["options.entry_points"]["console_scripts"].strip().splitlines()]
+    names = {n.strip() for n, _ in scripts}
+    assert {"colloc", "colloc-report", "colloc-prolog", "colloc-task-prolog",
+            "colloc-epilog"} <= names
+    for name, target in scripts:
+        module, func = target.strip().split(":")
+        assert callable(getattr(importlib.import_module(module), func)), name

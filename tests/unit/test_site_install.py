@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,178 @@ def test_record_roundtrip() -> None:
                 "colloc1:mode=explicit,need_mib=x,shards=1,shard_mib=1",
                 "colloc1:mode=explicit,shards=1,shard_mib=1", "colloc1:mode=explicit,BAD"):
         assert parse_record(bad) is None
+
+
+# ------------------------------------------------------------------ dry run, headers, uninstall
+def _admin(args: list[str], tmp_path: Path) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from slurm_colloc.cli.admin_cmd import admin
+
+    env = {"COLLOC_CONF": str(_colloc_conf(tmp_path)), "SLURM_INCLUDE_DIR": ""}
+    r = CliRunner().invoke(admin, args, env=env, catch_exceptions=False)
+    return r.exit_code, r.output
+
+
+def _colloc_conf(tmp_path: Path) -> Path:
+    """An empty colloc.conf (defaults) in a folder :func:`_tree` does not list."""
+    conf = tmp_path / "cfg" / "colloc.conf"
+    conf.parent.mkdir(exist_ok=True)
+    conf.write_text("")
+    return conf
+
+
+def _tree(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if "cfg" not in p.parts)
+
+
+def test_install_is_a_dry_run_that_prints_every_slurm_conf_line(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text("ClusterName=x\n")
+    before = _tree(tmp_path)
+    rc, out = _admin(["install", "--slurm-conf", str(etc / "slurm.conf"),
+                      "--lib-dir", str(tmp_path / "lib"),
+                      "--gpu-memory-mib", "40960", "--gpu-memory-mib", "81920"], tmp_path)
+    assert rc == 0, out
+    assert _tree(tmp_path) == before  # nothing written, not even the lib dir
+    lines = out.splitlines()
+    bin_dir = Path(sys.executable).parent  # where pip put the console scripts
+    for want in ("SelectType=select/cons_tres", "GresTypes=gpu,shard",
+                 f"PlugStackConfig={etc}/plugstack.conf", "CliFilterPlugins=lua",
+                 "JobSubmitPlugins=lua", f"Prolog={bin_dir}/colloc-prolog",
+                 f"TaskProlog={bin_dir}/colloc-task-prolog", f"Epilog={bin_dir}/colloc-epilog",
+                 "PrologFlags=Alloc,Contain", f"include {etc}/plugstack.conf.d/*.conf",
+                 f"{etc}/job_submit.lua  # job_submit filter (slurmctld)"):
+        assert want in lines, want
+    flags = lines.index("PrologFlags=Alloc,Contain")
+    why = " ".join(lines[flags - 3:flags])
+    assert why.startswith("#") and "Alloc" in why and "Contain" in why and "cgroup" in why
+    assert "proctrack/cgroup" in out and "ConstrainDevices" in out
+    assert "colloc admin gres-conf" in out
+    # shards per GPU size from the budget (total less MPS servers), not total // shard
+    assert "40960 MiB GPU: 40832 MiB usable, Name=shard Count=39" in out
+    assert "81920 MiB GPU: 81792 MiB usable, Name=shard Count=79" in out
+
+
+def test_install_dry_run_warns_but_apply_fails_without_headers(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    args = ["install", "--slurm-conf", str(conf), "--lib-dir", str(tmp_path / "lib"),
+            "--gpu-memory-mib", "40960", "--slurm-include", str(tmp_path / "none")]
+    rc, out = _admin(args, tmp_path)
+    assert rc == 0 and "warning: spank.h not found" in out and "libslurm-dev" in out
+    from click.testing import CliRunner
+
+    from slurm_colloc.cli.admin_cmd import admin
+
+    r = CliRunner().invoke(admin, [*args, "--apply"],
+                           env={"COLLOC_CONF": str(_colloc_conf(tmp_path))})
+    assert r.exit_code != 0 and "spank.h not found" in r.output
+    assert _tree(tmp_path) == []
+
+
+def test_header_search_order_and_error(tmp_path: Path) -> None:
+    inc = tmp_path / "inc"
+    (inc / "slurm").mkdir(parents=True)
+    (inc / "slurm" / "spank.h").write_text("")
+    # --slurm-include: the include dir or its slurm/ both work, and nothing else is tried
+    assert site.find_spank_header(inc, env={}) == inc / "slurm"
+    assert site.find_spank_header(inc / "slurm", env={}) == inc / "slurm"
+    with pytest.raises(site.InstallError) as e:
+        site.find_spank_header(tmp_path / "x", env={})
+    assert str(tmp_path / "x" / "slurm" / "spank.h") in str(e.value)
+    assert "/usr/include/slurm/spank.h" not in str(e.value)
+    # $SLURM_INCLUDE_DIR first, then the distributions' places
+    cands = site.header_candidates(env={"SLURM_INCLUDE_DIR": str(inc)})
+    assert cands[:2] == [inc, inc / "slurm"]
+    assert cands[2:] == [Path("/usr/include/slurm"), Path("/usr/include/slurm-wlm"),
+                         Path("/usr/local/include/slurm")]
+    assert site.find_spank_header(env={"SLURM_INCLUDE_DIR": str(inc)}) == inc / "slurm"
+
+
+def test_header_missing_everywhere_names_the_places_and_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(site, "HEADER_DIRS", (tmp_path / "a", tmp_path / "b"))
+    with pytest.raises(site.InstallError) as e:
+        site.find_spank_header(env={})
+    msg = str(e.value)
+    assert f"{tmp_path}/a/spank.h" in msg and f"{tmp_path}/b/spank.h" in msg
+    assert "libslurm-dev" in msg and "slurm-devel" in msg and "--slurm-include" in msg
+
+
+@needs_cc
+def test_build_finds_headers_under_another_directory_name(tmp_path: Path) -> None:
+    """Headers in e.g. /usr/include/slurm-wlm still satisfy ``#include <slurm/...>``."""
+    odd = tmp_path / "slurm-wlm"
+    shutil.copytree("/usr/include/slurm", odd)
+    plugin = site.build_spank_plugin(tmp_path / "lib" / site.PLUGIN_NAME, include=odd)
+    assert "slurm_spank_init" in site.exported_symbols(plugin)
+
+
+def _fake_install(etc: Path, lib: Path) -> None:
+    """What install() writes, without a compiler: the plugin carries the marker in its
+    option help, the text files in their first lines."""
+    (etc / "plugstack.conf.d").mkdir(parents=True)
+    lib.mkdir()
+    (lib / site.PLUGIN_NAME).write_bytes(b"\x7fELF\0\0" * 100 + b"(slurm-colloc, NVIDIA MPS)\0")
+    (etc / "job_submit.lua").write_text(site.render_job_submit(S))
+    (etc / "cli_filter.lua").write_text(site.render_cli_filter(S))
+    (etc / "plugstack.conf.d" / "colloc.conf").write_text("# slurm-colloc: x\noptional y\n")
+
+
+def test_uninstall_dry_run_lists_and_apply_removes_only_marked_files(tmp_path: Path) -> None:
+    etc, lib = tmp_path / "etc", tmp_path / "lib"
+    _fake_install(etc, lib)
+    (etc / "plugstack.conf").write_text(
+        f"required /x/pyxis.so\ninclude {etc}/plugstack.conf.d/*.conf\n")  # the site's
+    (etc / "slurm.conf").write_text(
+        "ClusterName=x\nSelectType=select/cons_tres\nPlugStackConfig=/etc/other.conf\n"
+        "Prolog=/opt/colloc/bin/colloc-prolog\nEpilog=/opt/colloc/bin/colloc-epilog\n"
+        "# Prolog=/old/colloc-prolog\nJobSubmitPlugins=lua\nPrologFlags=Alloc,Contain\n")
+    before = _tree(tmp_path)
+    args = ["uninstall", "--slurm-conf", str(etc / "slurm.conf"), "--lib-dir", str(lib)]
+    rc, out = _admin(args, tmp_path)
+    assert rc == 0 and _tree(tmp_path) == before
+    for name in (lib / site.PLUGIN_NAME, etc / "job_submit.lua", etc / "cli_filter.lua",
+                 etc / "plugstack.conf.d" / "colloc.conf"):
+        assert f"would remove {name}" in out
+    assert f"kept {etc / 'plugstack.conf'}" in out
+    assert f"remove include {etc}/plugstack.conf.d/*.conf" in out
+    lines = out.splitlines()
+    for line in ("Prolog=/opt/colloc/bin/colloc-prolog", "Epilog=/opt/colloc/bin/colloc-epilog",
+                 "JobSubmitPlugins=lua", "PrologFlags=Alloc,Contain"):
+        assert line in lines
+    # comments and lines a site needs without colloc are not listed
+    assert "# Prolog=/old/colloc-prolog" not in lines
+    assert "SelectType=select/cons_tres" not in lines and "ClusterName=x" not in lines
+
+    rc, out = _admin([*args, "--apply"], tmp_path)
+    assert rc == 0, out
+    assert _tree(tmp_path) == ["etc", "etc/plugstack.conf", "etc/slurm.conf", "lib"]
+
+
+def test_uninstall_never_removes_a_file_without_the_marker(tmp_path: Path) -> None:
+    etc, lib = tmp_path / "etc", tmp_path / "lib"
+    _fake_install(etc, lib)
+    (etc / "job_submit.lua").write_text("-- the site's own filter\n")
+    (lib / site.PLUGIN_NAME).write_bytes(b"\x7fELF another plugin\0")
+    plan = site.plan_uninstall(etc, lib)
+    assert etc / "job_submit.lua" in plan.foreign and lib / site.PLUGIN_NAME in plan.foreign
+    # a file replaced between the dry run and --apply is re-checked, and kept
+    plan2 = site.plan_uninstall(etc, lib)
+    (etc / "cli_filter.lua").write_text("-- replaced by the site\n")
+    removed = site.uninstall(plan2)
+    assert removed == [etc / "plugstack.conf.d" / "colloc.conf"]
+    assert (etc / "job_submit.lua").exists() and (etc / "cli_filter.lua").exists()
+    assert (lib / site.PLUGIN_NAME).exists() and not (etc / "plugstack.conf.d").exists()
+
+
+@needs_cc
+def test_uninstall_removes_what_install_wrote(tmp_path: Path) -> None:
+    etc, lib = tmp_path / "etc", tmp_path / "lib"
+    res = site.install(etc, lib, S)
+    plan = site.plan_uninstall(etc, lib)
+    assert sorted(plan.remove) == sorted(res.written) and plan.foreign == []
+    assert sorted(site.uninstall(plan)) == sorted(res.written)
+    assert _tree(tmp_path) == ["etc", "lib"]
