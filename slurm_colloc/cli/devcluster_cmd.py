@@ -1,4 +1,4 @@
-"""``colloc devcluster up|down|status|env``: the local Slurm cluster with simulated GPUs."""
+"""``colloc devcluster up|down|restart|status|env``: the local Slurm cluster with simulated GPUs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.devcluster.cluster import DAEMON_NAMES, Cluster
 from slurm_colloc.devcluster.daemons import DaemonError
 from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Spec
 from slurm_colloc.devcluster.packages import PackageError
@@ -24,6 +24,9 @@ def devcluster() -> None:
     logging.basicConfig(level=logging.INFO, format="colloc: devcluster: %(message)s")
 
 
+SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts")
+
+
 @devcluster.command()
 @root_option
 @click.option("--gpus", default=4, show_default=True, help="Number of simulated GPUs.")
@@ -33,19 +36,44 @@ def devcluster() -> None:
 @click.option("--no-node-scripts", is_flag=True, help="Plain Slurm: no colloc Prolog/Epilog.")
 @click.option("--no-install", is_flag=True, help="Do not apt-get install missing packages.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait per daemon.")
-def up(root: Path, gpus: int, gpu_memory_mib: int, shard_mib: int, no_node_scripts: bool,
-       no_install: bool, timeout: float) -> None:
-    """Install what is missing, start munged, MariaDB, slurmdbd, slurmctld, slurmd."""
-    spec = Spec(gpus=gpus, gpu_memory_mib=gpu_memory_mib, shard_mib=shard_mib,
-                node_scripts=not no_node_scripts)
-    cluster = Cluster(Cluster.at(root).layout, spec)
+@click.option("--fresh", is_flag=True,
+              help="Rebuild from scratch: wipes running jobs, Slurm state and accounting.")
+@click.pass_context
+def up(ctx: click.Context, root: Path, gpus: int, gpu_memory_mib: int, shard_mib: int,
+       no_node_scripts: bool, no_install: bool, timeout: float, fresh: bool) -> None:
+    """Start munged, MariaDB, slurmdbd, slurmctld, slurmd: only those that are down.
+
+    An existing cluster keeps its jobs, Slurm state and accounting; --fresh rebuilds.
+    """
+    existing = Cluster.at(root)
+    given = any(ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT
+                for p in SHAPE_OPTIONS)
+    if existing.saved_spec() is not None and not given and not fresh:
+        spec = existing.spec  # a plain `up` resumes whatever shape is there
+    else:
+        spec = Spec(gpus=gpus, gpu_memory_mib=gpu_memory_mib, shard_mib=shard_mib,
+                    node_scripts=not no_node_scripts)
+    cluster = Cluster(existing.layout, spec)
     try:
-        secs = cluster.up(install=not no_install, timeout=timeout)
+        secs = cluster.up(install=not no_install, timeout=timeout, fresh=fresh)
     except (DaemonError, PackageError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"devcluster up in {secs:.1f}s: {gpus} simulated GPUs x {gpu_memory_mib} MiB, "
-               f"{spec.shards_per_gpu} shards each. Use it with:")
+    click.echo(f"devcluster up in {secs:.1f}s: {spec.gpus} simulated GPUs x "
+               f"{spec.gpu_memory_mib} MiB, {spec.shards_per_gpu} shards each. Use it with:")
     click.echo(cluster.export_lines(), nl=False)
+
+
+@devcluster.command()
+@root_option
+@click.argument("daemon", type=click.Choice([*DAEMON_NAMES, "all"]))
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait per daemon.")
+def restart(root: Path, daemon: str, timeout: float) -> None:
+    """Stop DAEMON if it runs (TERM, then KILL) and start it again; jobs keep running."""
+    try:
+        secs = Cluster.at(root).restart(daemon, timeout=timeout)
+    except DaemonError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"devcluster: {daemon} restarted in {secs:.1f}s")
 
 
 @devcluster.command()

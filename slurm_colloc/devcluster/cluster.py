@@ -2,8 +2,12 @@
 
 Real daemons from Debian's packages (munged, MariaDB, slurmdbd, slurmctld, slurmd),
 each with its own pid file, log and port under one root directory. ``up`` either
-finishes with the node idle in ``sinfo`` or stops everything it started and raises
+finishes with the node usable in ``sinfo`` or stops everything it started and raises
 a :class:`DaemonError` naming the daemon and its log.
+
+A cluster that already came up once is *resumed*, never rebuilt, unless asked
+(``fresh``): one crashed daemon must not cost the running jobs, Slurm's saved state
+or the accounting database, since that is exactly what crash tests want to observe.
 """
 
 from __future__ import annotations
@@ -27,6 +31,37 @@ from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Layout, Spec
 from slurm_colloc.devcluster.packages import ensure_packages
 
 log = logging.getLogger("colloc.devcluster")
+
+DAEMON_NAMES = ("munged", "mariadb", "slurmdbd", "slurmctld", "slurmd")
+"""Start order: each needs the ones before it (munge auth, the database, accounting)."""
+
+
+def up_plan(saved: Spec | None, wanted: Spec, *, fresh: bool) -> str:
+    """``"build"`` or ``"resume"``; raise when an existing cluster has another shape.
+
+    A different shape is refused rather than rebuilt: silently replacing a cluster
+    would wipe its jobs and accounting, which only ``fresh`` may do.
+    """
+    if fresh or saved is None:
+        return "build"
+    if saved != wanted:
+        raise DaemonError(
+            "a devcluster with another shape exists there; bring it up with its own "
+            "shape, or rebuild it with `colloc devcluster up --fresh` (wipes jobs and "
+            "accounting)"
+        )
+    return "resume"
+
+
+def to_start(pids: dict[str, int | None]) -> list[str]:
+    """Daemons that are not running, in start order.
+
+    Daemons still running are left alone even when one they depend on restarts:
+    each reconnects by itself (munge per request, slurmdbd to MariaDB, slurmctld to
+    slurmdbd with its queued records, slurmd to slurmctld), and restarting them
+    would only lose more.
+    """
+    return [n for n in DAEMON_NAMES if n in pids and pids[n] is None]
 
 
 
@@ -134,27 +169,30 @@ class Cluster:
         return {d.name: daemons.running(d) for d in self.daemons()}
 
     def is_up(self) -> bool:
-        """All daemons running and the node usable."""
+        """All daemons running (the node's state is not asked)."""
         return self.layout.spec_file.exists() and all(v is not None for v in self.status().values())
 
     # ---------------------------------------------------------------- up
-    def up(self, *, install: bool = True, timeout: float = 60) -> float:
-        """Bring the cluster up; idempotent. Returns seconds taken."""
+    def up(self, *, install: bool = True, timeout: float = 60, fresh: bool = False) -> float:
+        """Bring the cluster up; idempotent. Returns seconds taken.
+
+        With state from an earlier successful ``up`` of the same spec, only daemons
+        that are not running are started, and nothing on disk is rewritten; ``fresh``
+        (or no saved state) builds from scratch.
+        """
         t0 = time.monotonic()
         self.spec.validate()
         if os.geteuid() != 0:
             raise DaemonError("colloc devcluster up must run as root (it starts munged, slurmd)")
-        if self.layout.spec_file.exists():
-            saved = Spec.from_json(self.layout.spec_file.read_text())
-            if saved != self.spec:
-                raise DaemonError(
-                    f"a devcluster with another shape exists at {self.layout.root}; "
-                    "run `colloc devcluster down` first"
-                )
-            if self.is_up() and self._node_ready():
-                log.info("devcluster already up at %s", self.layout.root)
-                return time.monotonic() - t0
-            log.info("devcluster partly up; restarting it")
+        saved = self.saved_spec()
+        try:
+            plan = up_plan(saved, self.spec, fresh=fresh)
+        except DaemonError as e:
+            raise DaemonError(f"{self.layout.root}: {e}") from None
+        if plan == "resume":
+            self._resume(timeout)
+            return time.monotonic() - t0
+        if fresh:
             self.down()
         if install:
             ensure_packages()
@@ -179,7 +217,64 @@ class Cluster:
                 daemons.stop(d)
             self._kill_cluster_processes()
             raise
+        # written last: its presence means "configs, database user and accounting are
+        # complete", which is what lets a later ``up`` resume instead of rebuild
+        self.layout.spec_file.write_text(self.spec.to_json())
         return time.monotonic() - t0
+
+    def saved_spec(self) -> Spec | None:
+        """The spec of the last successful ``up`` here, None when there was none."""
+        try:
+            return Spec.from_json(self.layout.spec_file.read_text())
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _resume(self, timeout: float) -> None:
+        names = to_start(self.status())
+        if not names:
+            if self._node_ready():
+                log.info("devcluster already up at %s", self.layout.root)
+                return
+        else:
+            log.info("devcluster at %s: restarting %s", self.layout.root, ", ".join(names))
+        by_name = self._steps()
+        for name in names:
+            d, ready = by_name[name]
+            daemons.stop(d)  # a stale pid file only; ``running`` said it is not
+            log.info("starting %s", name)
+            daemons.start(d, self.env(), ready, timeout=timeout)
+        self._wait_node_idle(timeout)
+
+    def restart(self, name: str, *, timeout: float = 60) -> float:
+        """Stop one daemon (or ``all``) if it runs, start it again, wait until ready.
+
+        Jobs are left alone: slurmstepd outlives slurmd, and slurmctld and slurmdbd
+        recover from their saved state, which is the point of restarting one daemon.
+        """
+        t0 = time.monotonic()
+        if os.geteuid() != 0:
+            raise DaemonError("colloc devcluster restart must run as root")
+        if name != "all" and name not in DAEMON_NAMES:
+            raise DaemonError(f"no daemon {name!r}: one of {', '.join(DAEMON_NAMES)} or all")
+        if self.saved_spec() is None:
+            raise DaemonError(f"no devcluster at {self.layout.root}: run `colloc devcluster up`")
+        names = list(DAEMON_NAMES) if name == "all" else [name]
+        by_name = self._steps()
+        for n in reversed(names):
+            if daemons.stop(by_name[n][0]):
+                log.info("stopped %s", n)
+        for n in names:
+            d, ready = by_name[n]
+            log.info("starting %s", n)
+            daemons.start(d, self.env(), ready, timeout=timeout)
+        self._wait_node_idle(timeout)
+        return time.monotonic() - t0
+
+    def _steps(self) -> dict[str, tuple[Daemon, Callable[[], bool]]]:
+        return {
+            d.name: (d, ready)
+            for d, ready in zip(self.daemons(), self._readiness(), strict=True)
+        }
 
     def _check_ports(self) -> None:
         s = self.spec
@@ -196,8 +291,10 @@ class Cluster:
     def _readiness(self) -> list[Callable[[], bool]]:
         L, s = self.layout, self.spec
         return [
-            lambda: L.munge_socket.exists(),
-            lambda: L.mysql_socket.exists() and daemons.port_open(s.mysql_port),
+            # a killed munged leaves its socket file behind: connect, do not stat
+            lambda: daemons.unix_socket_open(L.munge_socket),
+            lambda: daemons.unix_socket_open(L.mysql_socket)
+            and daemons.port_open(s.mysql_port),
             lambda: daemons.port_open(s.dbd_port),
             lambda: self._quiet_ok(["scontrol", "ping"]),
             lambda: daemons.port_open(s.slurmd_port),
@@ -258,7 +355,6 @@ class Cluster:
         L.colloc_conf.write_text(configs.colloc_conf(s, L, self.venv_bin))
         self._install_site()
         self._init_sim()
-        L.spec_file.write_text(self.spec.to_json())
 
     def _node_scripts(self) -> dict[str, Path]:
         """Wrappers for colloc's node scripts: the installed console scripts.

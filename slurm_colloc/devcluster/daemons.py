@@ -165,6 +165,17 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def unix_socket_open(path: Path) -> bool:
+    """True if something accepts connections on a Unix socket (not a stale file)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def cluster_processes(conf_var: str, conf_path: str, root: str) -> list[int]:
     """Pids that belong to one devcluster's jobs: never the user's own shell.
 

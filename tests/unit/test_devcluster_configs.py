@@ -41,3 +41,26 @@ def test_bad_shapes_are_refused(spec: Spec) -> None:
 def test_spec_round_trips() -> None:
     s = Spec(gpus=8, gpu_memory_mib=81920)
     assert Spec.from_json(s.to_json()) == s
+
+
+def test_only_daemons_that_are_down_are_started_in_dependency_order() -> None:
+    from slurm_colloc.devcluster.cluster import to_start
+
+    every = {"munged": 1, "mariadb": 2, "slurmdbd": 3, "slurmctld": 4, "slurmd": 5}
+    assert to_start(every) == []
+    assert to_start({**every, "slurmctld": None}) == ["slurmctld"]
+    assert to_start({**every, "slurmd": None, "munged": None}) == ["munged", "slurmd"]
+    assert to_start(dict.fromkeys(reversed(list(every)))) == list(every)
+
+
+def test_up_resumes_the_same_shape_and_rebuilds_only_when_asked() -> None:
+    from slurm_colloc.devcluster.cluster import up_plan
+    from slurm_colloc.devcluster.daemons import DaemonError
+
+    s = Spec(ctld_port=46837)
+    assert up_plan(None, s, fresh=False) == "build"
+    assert up_plan(Spec.from_json(s.to_json()), s, fresh=False) == "resume"
+    assert up_plan(s, s, fresh=True) == "build"
+    assert up_plan(Spec(gpus=2), s, fresh=True) == "build"
+    with pytest.raises(DaemonError, match="--fresh"):
+        up_plan(Spec(gpus=2), s, fresh=False)  # never wipe a cluster unasked
