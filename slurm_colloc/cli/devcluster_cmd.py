@@ -48,8 +48,8 @@ def up(ctx: click.Context, root: Path, gpus: int, gpu_memory_mib: int, shard_mib
     existing = Cluster.at(root)
     given = any(ctx.get_parameter_source(p) is not click.core.ParameterSource.DEFAULT
                 for p in SHAPE_OPTIONS)
-    if existing.saved_spec() is not None and not given and not fresh:
-        spec = existing.spec  # a plain `up` resumes whatever shape is there
+    if existing.saved_spec() is not None and not given:
+        spec = existing.spec  # keep the shape there (and its ports, which only the API sets)
     else:
         spec = Spec(gpus=gpus, gpu_memory_mib=gpu_memory_mib, shard_mib=shard_mib,
                     node_scripts=not no_node_scripts)

@@ -206,6 +206,27 @@ def test_collector_killed_mid_job_is_restarted_and_the_job_keeps_its_samples(
     assert isinstance(samples, int) and samples > rows_at_kill > 0, (samples, rows_at_kill)
 
 
+def _procs_of(rc: Cluster, job: int) -> list[int]:
+    """The job's own processes (not leftovers of earlier jobs, nor detached helpers)."""
+    want = f"SLURM_JOB_ID={job}".encode()
+    out = []
+    for p in daemons.cluster_processes("SLURM_CONF", str(rc.layout.slurm_conf),
+                                       str(rc.layout.root)):
+        try:
+            if want in Path(f"/proc/{p}/environ").read_bytes().split(b"\0"):
+                out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _ppid(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -220,19 +241,21 @@ def test_restart_slurmd_keeps_the_running_job(
     _wait_running(slurm, [job])
     before = rc.status()
     # slurmstepd runs with slurmd's environment, not the cluster's: find it as the
-    # parent of the job's batch script (once the prolog let the script start)
+    # parent of the batch script running colloc-simjob (not of a task prolog, whose
+    # parent is a short-lived fork of slurmstepd)
     job_procs: list[int] = []
     stepds: set[int] = set()
     deadline = time.monotonic() + 20
     while not stepds and time.monotonic() < deadline:
         time.sleep(0.3)
-        job_procs = daemons.cluster_processes("SLURM_CONF", str(rc.layout.slurm_conf),
-                                              str(rc.layout.root))
-        stepds = {pp for pp in map(_ppid, job_procs) if daemons.pid_runs(pp, "slurmstepd")}
+        job_procs = _procs_of(rc, job)
+        sim = [p for p in job_procs if b"colloc-simjob" in _cmdline(p)]
+        stepds = {pp for pp in (_ppid(_ppid(p)) for p in sim)
+                  if daemons.pid_runs(pp, "slurmstepd")}
     assert stepds
     assert rc.restart("slurmd") < 30
     _others_kept(before, rc.status(), "slurmd")
-    assert all(daemons.pid_runs(p, "slurmstepd") for p in stepds), "slurmstepd outlives slurmd"
+    assert all(daemons.pid_runs(p, "slurmstepd") for p in stepds), (stepds, job_procs)
     assert all(Path(f"/proc/{p}").exists() for p in job_procs), "the job's processes too"
     assert (slurm.show_job(job) or {}).get("JobState") == "RUNNING"
     assert wait_for_jobs(slurm, [job], timeout=60)[str(job)] == "COMPLETED"
