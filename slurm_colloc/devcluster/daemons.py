@@ -176,12 +176,20 @@ def unix_socket_open(path: Path) -> bool:
     return True
 
 
+def _cmdline(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()[:4096]
+    except OSError:
+        return b""
+
+
 def cluster_processes(conf_var: str, conf_path: str, root: str) -> list[int]:
     """Pids that belong to one devcluster's jobs: never the user's own shell.
 
     A process counts when its environment names this cluster's config *and* it is a
-    job process (``SLURM_JOB_ID`` set) or a slurmstepd, or when it is an MPS daemon
-    whose pipe directory lies under the cluster's root (started by the prolog).
+    job process (``SLURM_JOB_ID`` set), a slurmstepd, or the node's metrics collector
+    (started by a prolog, it would outlive the cluster by ``collector_idle_exit_s``),
+    or when it is an MPS daemon whose pipe directory lies under the cluster's root.
     """
     needle = f"{conf_var}={conf_path}".encode()
     me = os.getpid()
@@ -197,6 +205,7 @@ def cluster_processes(conf_var: str, conf_path: str, root: str) -> list[int]:
         ours = needle in env
         is_job = any(v.startswith(b"SLURM_JOB_ID=") for v in env) or comm == "slurmstepd"
         mps = any(v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=" + root.encode()) for v in env)
-        if (ours and is_job) or mps:
+        collector = ours and b"slurm_colloc.metrics.collector" in _cmdline(entry)
+        if (ours and is_job) or mps or collector:
             found.append(int(entry.name))
     return found

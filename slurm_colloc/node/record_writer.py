@@ -45,7 +45,11 @@ def write_when_finished(
             recs = by_start(adapter.accounting([job_id]))
         except SlurmError:
             recs = []
-        if recs and recs[-1].state.split()[0] in TERMINAL_STATES:
+        # the end time too: slurmdbd that was down gets the job-end record queued by
+        # slurmctld after the state already reads final, and that late record rewrote
+        # an AdminComment written in between (seen killing slurmdbd mid-run)
+        if (recs and recs[-1].state.split()[0] in TERMINAL_STATES
+                and recs[-1].fields.get("End", "Unknown") != "Unknown"):
             break
         time.sleep(pause)
     want = text.lower()
