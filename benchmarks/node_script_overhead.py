@@ -27,7 +27,7 @@ from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.layout import Layout, Spec
 
 ROOT = Path("/var/lib/colloc-bench-node")
-SPEC = Spec(ctld_port=39117, slurmd_port=39118, dbd_port=39119, mysql_port=39106)
+SPEC = Spec(ctld_port=19117, slurmd_port=19118, dbd_port=19119, mysql_port=19106)
 
 
 def _run(wrapper: Path, env: dict[str, str]) -> float:

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="trace generator seed (default per trace)")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--root-base", default="/var/lib/colloc-replay")
-    p.add_argument("--port-base", type=int, default=51810)
+    p.add_argument("--port-base", type=int, default=21810)
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -41,7 +41,7 @@ class ReplayConfig:
 
     time_scale: float = 120.0
     root_base: str = "/var/lib/colloc-replay"
-    port_base: int = 51810
+    port_base: int = 21810
     keep_clusters: bool = False
     poll_s: float = 2.0
     timeout_s: float = 3600.0

@@ -81,19 +81,19 @@ def scratch() -> Iterator[Path]:
 
 
 def test_port_in_use_is_named_and_nothing_is_left_running(scratch: Path) -> None:
-    spec = Spec(ctld_port=46817, slurmd_port=46818, dbd_port=46819, mysql_port=43306)
+    spec = Spec(ctld_port=27817, slurmd_port=27818, dbd_port=27819, mysql_port=24306)
     other = Cluster(Layout(scratch / "dc"), spec)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 46819))
+        s.bind(("127.0.0.1", 27819))
         s.listen()
-        with pytest.raises(DaemonError, match=r"slurmdbd: port 46819 on 127\.0\.0\.1 is already in use"):
+        with pytest.raises(DaemonError, match=r"slurmdbd: port 27819 on 127\.0\.0\.1 is already in use"):
             other.up(install=False)
     assert all(pid is None for pid in other.status().values())
 
 
 def test_failing_daemon_is_named_with_its_log(scratch: Path) -> None:
-    spec = Spec(ctld_port=46827, slurmd_port=46828, dbd_port=46829, mysql_port=43316)
+    spec = Spec(ctld_port=27827, slurmd_port=27828, dbd_port=27829, mysql_port=24316)
     broken = Cluster(Layout(scratch / "dc2"), spec)
     # a slurmdbd.conf it refuses: the password file is fine but the DB user is wrong
     orig = broken._create_db_user

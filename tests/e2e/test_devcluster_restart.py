@@ -30,8 +30,9 @@ from tests.e2e.conftest import LOG_KEEP, sbatch
 pytestmark = pytest.mark.devcluster
 
 ROOT = Path("/var/lib/colloc-restart-test")
-# 46817/46827 belong to test_devcluster.py's throwaway clusters
-SPEC = Spec(ctld_port=46837, slurmd_port=46838, dbd_port=46839, mysql_port=43336)
+# 27817/27827 belong to test_devcluster.py's throwaway clusters; all test ports sit below
+# the kernel's ephemeral range (32768-60999): an outgoing connection can hold a port there
+SPEC = Spec(ctld_port=27837, slurmd_port=27838, dbd_port=27839, mysql_port=24336)
 
 
 @pytest.fixture(scope="module")

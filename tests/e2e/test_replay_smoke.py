@@ -19,7 +19,7 @@ from slurm_colloc.bench.run import replay
 from slurm_colloc.bench.trace import Trace, TraceJob
 
 ROOT_BASE = os.environ.get("COLLOC_REPLAY_TEST_ROOT", "/var/lib/colloc-replay-e2e")
-PORT_BASE = int(os.environ.get("COLLOC_REPLAY_TEST_PORT_BASE", "53810"))
+PORT_BASE = int(os.environ.get("COLLOC_REPLAY_TEST_PORT_BASE", "29810"))
 
 
 def _job(i: int, peak: int, guess: int, work: float, arrival: float) -> TraceJob:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # possibly as other users, so every directory on the way must be world-executable
 VENV = Path(os.environ.get("COLLOC_WHEEL_VENV", "/opt/colloc-wheel-test-venv"))
 CLUSTER_ROOT = Path(os.environ.get("COLLOC_WHEEL_TEST_ROOT", "/var/lib/colloc-wheel-test"))
-_BASE = int(os.environ.get("COLLOC_WHEEL_TEST_PORT_BASE", "36810"))
+_BASE = int(os.environ.get("COLLOC_WHEEL_TEST_PORT_BASE", "28810"))
 PORTS = {"ctld_port": _BASE + 7, "slurmd_port": _BASE + 8, "dbd_port": _BASE + 9,
          "mysql_port": _BASE - 3500}
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root",
