@@ -170,6 +170,7 @@ def doctor(slurm_conf: Path | None, offline: bool, check_gpus: bool) -> None:
         findings += doctor_mod.check_live()
     if check_gpus:
         findings += doctor_mod.check_gpus(cfg, conf.parent / "gres.conf")
+        findings += doctor_mod.check_node(cfg, conf)
     for f in findings:
         mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}[f.level]
         click.echo(f"{mark} {f.what}" + (f": {f.detail}" if f.detail else ""))

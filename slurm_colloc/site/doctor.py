@@ -276,3 +276,66 @@ def _check_gres_against(gmap: GpuMap, cfg: CollocConfig, gres_conf: Path) -> lis
                        + "; ".join(over) + "): regenerate with `colloc admin gres-conf`")
                if over else Finding("ok", "gres.conf shards", "within each GPU's budget"))
     return out
+
+
+def check_node(cfg: CollocConfig, slurm_conf: Path | None = None) -> list[Finding]:
+    """On a GPU node: what the node scripts need besides the GPUs themselves.
+
+    The MPS control program and which MPS it speaks (``mps_protocol``), the node
+    scripts slurm.conf points at (they must exist here: slurmd runs them as root with
+    no PATH), ``PrologFlags`` (Alloc: the prolog runs at allocation), and ``mps_root``
+    (root's own directory, never a symlink or someone else's: root writes MPS state
+    there).
+    """
+    import os
+    import shutil
+    import stat
+
+    f: list[Finding] = []
+    binary = shutil.which(cfg.mps_control) or cfg.mps_control
+    if not os.access(binary, os.X_OK):
+        f.append(Finding("fail", "MPS control", f"{cfg.mps_control} not found or not "
+                         "executable: install the NVIDIA driver's utilities or set mps_control"))
+    else:
+        from slurm_colloc.mps.v3 import detect
+
+        cap = detect(binary)
+        want = cfg.mps_protocol
+        level: Level = "ok"
+        detail = f"{binary}: MPS v{cap.protocol} ({cap.detail}); mps_protocol = {want}"
+        if want == "3" and cap.protocol != 3:
+            level, detail = "fail", detail + ": this node has no MPS v3 (driver r615+)"
+        elif want == "2" and cap.protocol == 3:
+            level, detail = "warn", detail + (": v3 available; set mps_protocol = \"auto\" "
+                                              "after `colloc selftest --gpu` passes")
+        f.append(Finding(level, "MPS control", detail))
+    if slurm_conf is not None and slurm_conf.exists():
+        conf = read_conf(slurm_conf)
+        for key in ("prolog", "taskprolog", "epilog"):
+            path = conf.get(key, "")
+            if not path:
+                f.append(Finding("fail", f"slurm.conf {key}", "not set: see `colloc admin "
+                                 "install` for the line"))
+            elif not os.access(path, os.X_OK):
+                f.append(Finding("fail", f"slurm.conf {key}", f"{path} is not an executable "
+                                 "on this node"))
+            else:
+                f.append(Finding("ok", f"slurm.conf {key}", path))
+        flags = {x.strip().lower() for x in conf.get("prologflags", "").split(",")}
+        f.append(Finding("ok", "PrologFlags", ",".join(sorted(flags))) if "alloc" in flags
+                 else Finding("fail", "PrologFlags", "PrologFlags=Alloc,Contain: the prolog "
+                              "must run at allocation, before any step"))
+    root = Path(cfg.mps_root)
+    try:
+        st = root.lstat()
+    except FileNotFoundError:
+        f.append(Finding("ok", "mps_root", f"{root} (created by the first prolog)"))
+    except OSError as e:
+        f.append(Finding("fail", "mps_root", f"{root}: {e.strerror}"))
+    else:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            f.append(Finding("fail", "mps_root", f"{root} must be a directory of root's that "
+                             "only root can write (not a symlink)"))
+        else:
+            f.append(Finding("ok", "mps_root", str(root)))
+    return f

@@ -88,3 +88,47 @@ def test_a_gpu_too_small_for_one_shard_fails_its_budget(monkeypatch, tmp_path) -
 def test_expand_gres_files() -> None:
     assert doctor.expand_gres_files("/dev/nvidia[0-2],/dev/nvidia7") == [
         "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia7"]
+
+
+V2 = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
+V3 = V2.with_name("colloc-sim-mps-control-v3")
+
+
+def _node(tmp_path: Path, conf_lines: str, **cfg: object) -> dict[str, doctor.Finding]:
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text(conf_lines)
+    config = CollocConfig(mps_root=str(tmp_path / "mps"), **cfg)  # type: ignore[arg-type]
+    return {f.what: f for f in doctor.check_node(config, slurm_conf)}
+
+
+def test_node_wiring_points_at_programs_that_exist_here(tmp_path: Path) -> None:
+    prolog = tmp_path / "colloc-prolog"
+    prolog.write_text("#!/bin/sh\n")
+    prolog.chmod(0o755)
+    found = _node(tmp_path, f"Prolog={prolog}\nEpilog=/nowhere/colloc-epilog\n"
+                  "PrologFlags=Contain\n", mps_control=str(V2))
+    assert found["slurm.conf prolog"].level == "ok"
+    assert found["slurm.conf epilog"].level == "fail"
+    assert found["slurm.conf taskprolog"].level == "fail"  # not set
+    assert found["PrologFlags"].level == "fail"  # no Alloc
+    assert found["mps_root"].level == "ok"  # made by the first prolog
+
+
+def test_mps_protocol_must_match_what_the_node_has(tmp_path: Path) -> None:
+    assert _node(tmp_path, "", mps_control=str(V2))["MPS control"].level == "ok"
+    wants_v3 = _node(tmp_path, "", mps_control=str(V2), mps_protocol="3")
+    assert wants_v3["MPS control"].level == "fail"
+    could = _node(tmp_path, "", mps_control=str(V3))
+    assert could["MPS control"].level == "warn" and "v3 available" in could["MPS control"].detail
+    missing = _node(tmp_path, "", mps_control=str(tmp_path / "none"))
+    assert missing["MPS control"].level == "fail"
+
+
+def test_a_foreign_or_writable_mps_root_fails(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "mps").symlink_to(tmp_path / "elsewhere")
+    assert _node(tmp_path, "", mps_control=str(V2))["mps_root"].level == "fail"
+    (tmp_path / "mps").unlink()
+    (tmp_path / "mps").mkdir(mode=0o777)
+    (tmp_path / "mps").chmod(0o777)
+    assert _node(tmp_path, "", mps_control=str(V2))["mps_root"].level == "fail"
