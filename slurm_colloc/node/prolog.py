@@ -21,6 +21,7 @@ from pathlib import Path
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import budget_of
+from slurm_colloc.gpu.identity import GpuMap
 from slurm_colloc.mps.control import MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node.gpus import node_gpu_map
@@ -153,7 +154,8 @@ def run(
                 )
         return PrologDecision("exclusive", ctx.gpus[0], detail="whole GPU, no MPS")
     gpu = ctx.gpus[0]
-    info = node_gpu_map(cfg).by_slurm_index(gpu)
+    gmap = node_gpu_map(cfg)
+    info = gmap.by_slurm_index(gpu)
     limit = ctx.shards * cfg.shard_mib
     pinned = budget_of(cfg, info).pinned_limit_mib(ctx.shards)
     gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
@@ -175,7 +177,7 @@ def run(
     if cfg.active_thread_percentage:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
     if node_protocol(cfg) == 3:
-        env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid))
+        env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid, gmap))
         tenancy.write_job_env(ctx.job_id, env, gid)
     else:
         with tenancy.locked(gpu):
@@ -202,7 +204,7 @@ def run(
 
 def _v3_setup(
     ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, jobs: Mapping[int, SlurmJob] | None,
-    taken: float | None, pinned: int, gid: int,
+    taken: float | None, pinned: int, gid: int, gmap: GpuMap,
 ) -> dict[str, str]:
     """MPS v3: the job's namespace on its GPU's server of the node's one daemon.
 
@@ -219,9 +221,8 @@ def _v3_setup(
             for job in reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken):
                 node.remove_job(job)
         if not node.running():
-            node.start({i: g.uuid for i, g in enumerate(node_gpu_map(cfg).gpus)})
-        info = node_gpu_map(cfg).by_slurm_index(gpu)
-        env = node.add_job(gpu, info.uuid, ctx.job_id, ctx.uid, gid, pinned,
+            node.start({i: g.uuid for i, g in enumerate(gmap.gpus)})
+        env = node.add_job(gpu, gmap.uuid(gpu), ctx.job_id, ctx.uid, gid, pinned,
                            cfg.active_thread_percentage)
         with tenancy.locked(gpu):
             tenancy.add_job(gpu, ctx.uid, ctx.job_id)

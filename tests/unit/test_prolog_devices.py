@@ -173,3 +173,15 @@ def test_mps_v3_node_gives_the_job_a_namespace_with_its_limit(
         assert node.job(7) is None and node.running()  # the daemon stays for the next job
     finally:
         node.stop()
+
+
+def test_a_gpu_map_cache_not_owned_by_root_is_ignored(tmp_path: Path) -> None:
+    """Root acts only on root-owned state: a planted map would point MPS at another GPU."""
+    from slurm_colloc.gpu.backend import GpuInfo
+    from slurm_colloc.node import gpus as node_gpus
+
+    path = tmp_path / "gpus.json"
+    node_gpus._save(path, "boot-1", [GpuInfo(0, "GPU-planted", "H100", 81559, minor_number=0)])
+    assert node_gpus._load(path, "boot-1") is not None
+    os.chown(path, 1000, 1000)
+    assert node_gpus._load(path, "boot-1") is None
