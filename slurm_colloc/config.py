@@ -21,6 +21,7 @@ DEFAULT_PATH = Path("/etc/slurm/colloc.conf")
 ENV_VAR = "COLLOC_CONF"
 
 GpuBackendName = Literal["nvml", "sim"]
+HistorySource = Literal["accounting", "sqlite"]
 StepUpPolicy = Literal["whole-gpu", "step"]
 MultiUserPolicy = Literal["one-user-per-gpu", "multi-user-mps"]
 EnforceAction = Literal["kill", "flag", "off"]
@@ -48,6 +49,15 @@ class CollocConfig:
     default_colloc_mib: int = 0
     """Memory given to a ``--colloc`` job that arrives without an estimate.
     0 means a whole GPU's worth of shards (the safe choice)."""
+    shared_partitions: tuple[str, ...] = ()
+    """Partitions whose GPUs are shared (their nodes' gres.conf offers shards): entries
+    ``NAME`` or ``NAME:GPU_MIB`` (GPU_MIB: memory of that partition's smallest GPU;
+    default ``gpu_memory_mib``). Empty (the default): colloc is opt-in per job; only
+    ``--colloc`` and ``--gres=shard`` jobs are touched and every other GPU job is left
+    as submitted. Listed: ``--colloc`` jobs without a partition go to the first one, a
+    ``--colloc`` job in another partition is refused, and a one-GPU job submitted to a
+    listed partition becomes all the shards of one GPU (Slurm 22.05 does not keep
+    gres/gpu and gres/shard apart on a GPU); other partitions are never touched."""
     gpu_memory_mib: int = 0
     """Memory of one GPU of the colloc partitions (the smallest, if they differ).
     job_submit.lua sizes the whole-GPU default from it and refuses larger needs.
@@ -77,7 +87,16 @@ class CollocConfig:
     estimate_timeout_s: float = 30.0
     """cli_filter.lua gives the estimator this long before failing the sbatch."""
     history_db: str = "/var/lib/colloc/history.sqlite"
-    """Measured peaks per model fingerprint, read by the estimator's history hook."""
+    """Node-local measured peaks per model fingerprint (sqlite, written by the epilog).
+    Read at submit time only with ``history_source = "sqlite"``."""
+    history_source: HistorySource = "accounting"
+    """Where ``colloc estimate`` (the cli_filter, on the login host) finds the user's
+    measured peaks: ``accounting`` asks slurmdbd (``sacct``) for the user's own finished
+    jobs, whose records carry the peak and its key, so every host sees the same history
+    and no node-local file has to be shared; ``sqlite`` reads ``history_db`` (a one-node
+    site, or tests)."""
+    history_days: int = 90
+    """How far back (days) the accounting history looks for the user's earlier runs."""
 
     # --- MPS on the node ------------------------------------------------------------
     mps_control: str = "nvidia-cuda-mps-control"
@@ -107,7 +126,10 @@ class CollocConfig:
     log_scan_tail_mib: int = 64
     """How much of the end of each job log the epilog reads when looking for OOM."""
     evidence_dir: str = "/var/lib/colloc/evidence"
-    """Where the epilog keeps copies of failed attempts' logs."""
+    """Where the epilog keeps copies of failed attempts' logs (root's node-local copy)."""
+    evidence_user_copy: bool = True
+    """Also keep the evidence next to the job's output file, written as the job's user
+    (so the user can read it from the login host); never written as root there."""
 
     # --- Metrics and accounting ---------------------------------------------------------
     sample_interval_s: float = 1.0
@@ -117,6 +139,9 @@ class CollocConfig:
     metrics_retention_days: int = 14
     """Per-job time series older than this are deleted."""
     admin_comment_max_bytes: int = 4096
+    series_points: int = 48
+    """Points of each attempt's downsampled memory/SM series kept in the accounting
+    record, so ``colloc-report`` can plot it from any host (0: none)."""
     """Size cap of the encoded record written to AdminComment."""
     metrics_max_rows: int = 10000
     """Cap on rows of one attempt's time series; past it, rows are merged pairwise
@@ -187,6 +212,12 @@ def _check_value(name: str, hint: Any, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{name} = {value!r}: must be a string")
         return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, str) and v and len(v) <= 200 for v in value
+        ) or len(value) > 256:
+            raise ConfigError(f"{name}: must be a list of (at most 256) non-empty strings")
+        return tuple(value)
     if origin is dict:
         if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -253,6 +284,8 @@ def dump(cfg: CollocConfig) -> str:
             continue
         if isinstance(v, bool):
             lines.append(f"{f.name} = {'true' if v else 'false'}")
+        elif isinstance(v, tuple):
+            lines.append(f"{f.name} = [{', '.join(repr(x).replace(chr(39), chr(34)) for x in v)}]")
         elif isinstance(v, int | float):
             lines.append(f"{f.name} = {v}")
         else:

@@ -22,6 +22,13 @@ class Estimate:
     """Safety margin the estimator added (fraction, 0.2 = 20 %)."""
     fingerprint: str | None = None
     """Model-summary fingerprint: the key of the estimator's measured history."""
+    batch_size: int | None = None
+    """The rest of the history key (what changes memory besides the model), as the
+    job's ``--colloc-*`` options gave it: with the fingerprint and the attempt's
+    measured peak, the accounting record alone can serve as estimator history."""
+    seq_len: int | None = None
+    optimizer: str | None = None
+    precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,10 @@ class MetricsSummary:
     energy_j: float | None = None
     samples: int = 0
     dcgm: bool = False
+    series: tuple[tuple[int, int, int | None], ...] = ()
+    """Downsampled time series for plots from any host: (seconds since the attempt's
+    start, device memory MiB (max over the interval), SM activity % (mean) or None),
+    at most ``series_points`` points, oldest first."""
 
 
 @dataclass(frozen=True)
