@@ -1,9 +1,11 @@
 """A self-contained HTML page of a job report: inline CSS and SVG, no script, no CDN.
 
-Per attempt with a node-local series: the job's GPU memory over time against its
-limit and estimate, SM activity (or utilisation) over time, and a timeline of the
-jobs that shared the GPU. Everything user-controlled (job name, user, paths) is
-escaped.
+Per attempt with a series: the job's GPU memory over time against its limit and
+estimate, SM activity (or utilisation) over time, and the jobs that shared the GPU
+(a timeline when the node-local series is readable here; from the accounting
+record's downsampled series, on any other host, the plots have its few dozen points
+and the co-tenants without times). Everything user-controlled (job name, user,
+paths, evidence lines) is escaped.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from html import escape
 
 from slurm_colloc.metrics.store import Series
-from slurm_colloc.report.model import AttemptView, JobReport
+from slurm_colloc.report.model import SOURCE_ACCOUNTING, AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 
 W, H, PAD_L, PAD_B = 640, 180, 56, 24
@@ -91,7 +93,11 @@ def tenants_svg(a: AttemptView, s: Series) -> str:
     lanes = a.tenants_timeline
     h = 28 + 18 * max(1, len(lanes))
     body = [f'<text x="4" y="14" font-size="12">Jobs sharing GPU {escape(str(a.gpu))}</text>']
-    if not lanes:
+    if not lanes and a.co_tenants and a.series_source == SOURCE_ACCOUNTING:
+        body.append('<text x="60" y="34" font-size="11">'
+                    f"job(s) {escape(', '.join(a.co_tenants))}: times are not in the "
+                    "accounting record</text>")
+    elif not lanes:
         body.append('<text x="60" y="34" font-size="11">none: the job had the GPU alone</text>')
     for i, x in enumerate(lanes):
         y = 22 + 18 * i
@@ -130,7 +136,7 @@ def render(rep: JobReport) -> str:
                 "-" if a.sm_activity is None else f"{a.sm_activity:.0%}",
                 f"{a.energy_j / 3.6e3:.2f} Wh" if a.energy_j else "-",
                 ", ".join(a.co_tenants) or "alone", a.outcome,
-                (a.oom or {}).get("evidence") or "-")
+                (a.oom or {}).get("evidence_where") or (a.oom or {}).get("evidence") or "-")
         out.append("<tr>" + "".join(
             f'<td class="{cls}">{e(v)}</td>' if i == 9 else f"<td>{e(v)}</td>"
             for i, v in enumerate(vals)) + "</tr>")
@@ -138,9 +144,14 @@ def render(rep: JobReport) -> str:
     for a in rep.attempts:
         s = rep.series.get(a.attempt)
         out.append(f"<h2>Attempt {a.attempt} over time</h2>")
+        tail = (a.oom or {}).get("evidence_tail") or []
+        if tail:
+            out.append(f"<p>Last lines of the OOM evidence:</p><pre>{e(chr(10).join(tail))}</pre>")
         if s is None or not s.rows:
-            out.append("<p>No time series on this host (it stays on the compute node).</p>")
+            out.append("<p>No time series: none readable on this host and none in the "
+                       "accounting record.</p>")
             continue
+        out.append(f'<p class="note">Series: {e(a.series_label)}</p>')
         out += [memory_svg(a, s, rep.gpu_memory_mib), "<br>", activity_svg(s), "<br>",
                 tenants_svg(a, s)]
     if rep.notes:

@@ -4,12 +4,19 @@
 of a period, the controller's live view of a running job, the node-local series);
 :class:`SlurmInquirer` asks Slurm through :class:`~slurm_colloc.slurm.adapter.SlurmCli`
 and reads the metrics store when it is on this host. Tests use a fake.
+
+:func:`check_evidence` says whether an attempt's OOM evidence file can be read from
+this host (the report runs on login hosts, where the node's evidence directory is
+absent): ``lstat`` + ``access``, never through a symlink or into a FIFO or device, and
+at most :data:`EVIDENCE_TAIL_BYTES` read when a few lines are shown.
 """
 
 from __future__ import annotations
 
 import abc
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,6 +25,12 @@ from typing import Any
 from slurm_colloc.metrics import store
 from slurm_colloc.slurm import sacct_json
 from slurm_colloc.slurm.adapter import SlurmCli, by_start
+
+EVIDENCE_TAIL_BYTES = 4096
+"""Most bytes of an evidence file the report reads (its end: where the error is)."""
+EVIDENCE_LINES = 4
+"""Most lines of an evidence file the report shows."""
+EVIDENCE_LINE_CHARS = 240
 
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 _JOB_ID = re.compile(r"^\d{1,12}$")
@@ -71,6 +84,70 @@ class JobRow:
         )
 
 
+@dataclass(frozen=True)
+class EvidenceCheck:
+    """Whether an evidence file can be read from this host, and its last lines."""
+
+    readable: bool
+    status: str
+    """``readable``, ``absent`` (not on this host), ``denied`` (here, but not for this
+    user), ``not-a-file`` (symlink, FIFO, device, directory: never opened) or
+    ``invalid`` (not an absolute path)."""
+    tail: tuple[str, ...] = ()
+    """Up to :data:`EVIDENCE_LINES` last lines (empty when not read)."""
+
+
+def check_evidence(path: str, lines: int = EVIDENCE_LINES) -> EvidenceCheck:
+    """Can ``path`` be read here? Optionally its last ``lines`` lines (bounded read).
+
+    The final component is never followed (``lstat``, ``O_NOFOLLOW``) and only a
+    regular file is opened (``O_NONBLOCK``, so a FIFO swapped in cannot block). Run
+    as root, lines are shown only from a root-owned file: the path may sit in a
+    user's directory, and root must not display whatever the user links there.
+    """
+    if not path or not os.path.isabs(path) or "\x00" in path:
+        return EvidenceCheck(False, "invalid")
+    try:
+        st = os.lstat(path)
+    except PermissionError:
+        return EvidenceCheck(False, "denied")
+    except (OSError, ValueError):
+        return EvidenceCheck(False, "absent")
+    if not stat.S_ISREG(st.st_mode):
+        return EvidenceCheck(False, "not-a-file")
+    try:
+        ok = os.access(path, os.R_OK, follow_symlinks=False)
+    except (NotImplementedError, OSError, ValueError):
+        ok = os.access(path, os.R_OK)
+    if not ok:
+        return EvidenceCheck(False, "denied")
+    if lines <= 0 or (os.geteuid() == 0 and st.st_uid != 0):
+        return EvidenceCheck(True, "readable")
+    return EvidenceCheck(True, "readable", _tail(path, st, lines))
+
+
+def _tail(path: str, st: os.stat_result, lines: int) -> tuple[str, ...]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return ()
+        start = max(0, now.st_size - EVIDENCE_TAIL_BYTES)
+        raw = os.pread(fd, EVIDENCE_TAIL_BYTES, start)
+    except OSError:
+        return ()
+    finally:
+        os.close(fd)
+    text = raw.decode("utf-8", "replace").splitlines()
+    if start > 0 and text:
+        text = text[1:]  # the first line is cut
+    kept = [ln.rstrip()[:EVIDENCE_LINE_CHARS] for ln in text if ln.strip()]
+    return tuple(kept[-lines:])
+
+
 class Inquirer(abc.ABC):
     """The report's questions; one implementation per source of facts."""
 
@@ -97,6 +174,10 @@ class Inquirer(abc.ABC):
     def warnings(self) -> list[str]:
         """Accounting entries skipped so far (one line each, naming the job)."""
         return []
+
+    def evidence(self, path: str) -> EvidenceCheck:
+        """Whether an attempt's evidence file is readable from this host."""
+        return check_evidence(path)
 
 
 class SlurmInquirer(Inquirer):

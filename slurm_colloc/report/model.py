@@ -2,6 +2,11 @@
 
 Pure functions over what an :class:`~slurm_colloc.report.inquirer.Inquirer` returns;
 the renderers (text, JSON, HTML) only format a :class:`JobReport`.
+
+An attempt's time series comes from the node-local store when it is readable here
+(the full series: plots, idle phases, co-tenants over time), else from the accounting
+record's downsampled series (``MetricsSummary.series``, a few dozen points), so the
+report shows plots on any host; :attr:`AttemptView.series_source` says which.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
 from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_time
 from slurm_colloc.site.record import CollocRecord, parse_record
+
+SOURCE_LOCAL = "node-local"
+SOURCE_ACCOUNTING = "accounting"
+MAX_RECORD_POINTS = 1000
+"""Points of a record's series the report uses at most (the epilog writes 48)."""
 
 RUNNING = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"})
 
@@ -53,7 +63,22 @@ class AttemptView:
     idle_fraction: float | None = None
     """Share of samples with SM activity under 5 % (needs the series)."""
     tenants_timeline: list[dict[str, Any]] = field(default_factory=list)
-    """Per co-tenant: first and last time seen (needs the series)."""
+    """Per co-tenant: first and last time seen (needs the node-local series)."""
+    series_source: str | None = None
+    """``node-local`` (full series), ``accounting`` (downsampled) or None (no series)."""
+    series_points: list[list[float | int | None]] = field(default_factory=list)
+    """The plotted points: [seconds since the attempt's start, memory MiB (max),
+    activity % (SM activity, or utilisation when ``sm_source`` says so) or None]."""
+
+    @property
+    def series_label(self) -> str:
+        """Where the attempt's series comes from, in words."""
+        n = len(self.series_points)
+        if self.series_source == SOURCE_LOCAL:
+            return f"node-local full series ({n} points)"
+        if self.series_source == SOURCE_ACCOUNTING:
+            return f"accounting (downsampled, {n} points)"
+        return "none (no node-local series on this host, none in the accounting record)"
 
 
 @dataclass
@@ -90,6 +115,8 @@ class JobReport:
         d.pop("series")
         d["running"] = self.running
         d["series_available"] = sorted(self.series)
+        for a, v in zip(d["attempts"], self.attempts, strict=True):
+            a["series_label"] = v.series_label
         return d
 
 
@@ -102,6 +129,65 @@ def _outcome(a: Attempt, row: JobRow | None, last: bool, job_state: str) -> str:
     if last:
         return job_state
     return row.state if row and row.state else "ended"
+
+
+def _evidence(oom: dict[str, Any], node: str | None, inquirer: Inquirer) -> None:
+    """Add to ``oom`` whether its evidence is readable here, and where it is if not."""
+    path = oom.get("evidence")
+    if not path:
+        return
+    chk = inquirer.evidence(str(path))
+    on = f"on node {node}" if node else "on the compute node"
+    oom["evidence_readable"] = chk.readable
+    oom["evidence_status"] = chk.status
+    oom["evidence_tail"] = list(chk.tail)
+    oom["evidence_where"] = {
+        "readable": f"{path} (readable here)",
+        "absent": f"{path} {on} (not on this host)",
+        "denied": f"{path} (not readable by you; kept {on})",
+        "not-a-file": f"{path} (not a regular file here, not opened; kept {on})",
+    }.get(chk.status, f"{path} (not a usable path)")
+
+
+def series_from_record(job_id: str, a: Attempt) -> store.Series | None:
+    """The record's downsampled series of attempt ``a`` as store rows (None if none).
+
+    Row times are seconds since the attempt's start; SM activity goes into ``sm_pct``
+    when DCGM measured it, else into ``util_pct`` (what the epilog averaged). Points
+    that are not (int >= 0, int >= 0, 0..100 or None) are skipped.
+    """
+    m = a.metrics
+    if m is None or not m.series:
+        return None
+    rows: list[store.Row] = []
+    for p in tuple(m.series)[:MAX_RECORD_POINTS]:
+        try:
+            t, mib, act = p
+        except (TypeError, ValueError):
+            continue
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            continue
+        if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
+            continue
+        pct: float | None = None
+        if isinstance(act, (int, float)) and not isinstance(act, bool):
+            pct = min(100.0, max(0.0, float(act)))
+        rows.append(store.Row(t=float(t), gpu=a.gpu if a.gpu is not None else -1,
+                              mem_mib=float(mib), mem_max_mib=mib, gpu_mem_mib=0,
+                              sm_pct=pct if m.dcgm else None,
+                              util_pct=None if m.dcgm else pct))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r.t)
+    return store.Series(job_id, a.attempt, rows)
+
+
+def _points(s: store.Series, start: float | None) -> list[list[float | int | None]]:
+    rows = s.rows
+    t0 = start if start is not None and start <= rows[0].t else rows[0].t
+    return [[round(r.t - t0, 1), r.mem_max_mib,
+             None if (act := r.sm_pct if r.sm_pct is not None else r.util_pct) is None
+             else round(act, 1)] for r in rows]
 
 
 def _view(a: Attempt, outcome: str) -> AttemptView:
@@ -211,15 +297,25 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         row = rows[i] if len(rows) == len(attempts) else None
         views.append(_view(a, _outcome(a, row, i == len(attempts) - 1, state)))
     series: dict[int, store.Series] = {}
-    for v in views:
+    for a, v in zip(attempts, views, strict=True):
         s = inquirer.series(job_id, v.attempt)
         if s is not None and s.rows:
             series[v.attempt] = s
             _apply_series(v, s)
+            v.series_source = SOURCE_LOCAL
         meta = metas.get(v.attempt)
         if meta is not None:
             v.limit_mib = v.limit_mib or meta.limit_mib
             v.start = v.start or int(meta.start) or None
+        if v.series_source == SOURCE_LOCAL:
+            v.series_points = _points(series[v.attempt], v.start)
+        elif (rs := series_from_record(job_id, a)) is not None:
+            # no node-local series here (login host): the record's downsampled one
+            series[v.attempt] = rs
+            v.series_source = SOURCE_ACCOUNTING
+            v.series_points = _points(rs, 0.0)
+        if v.oom is not None:
+            _evidence(v.oom, v.node, inquirer)
     site_budget = config_budget(cfg)
     spg = site_budget.shards_per_gpu if site_budget else None
     rep = JobReport(

@@ -48,7 +48,8 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
                      "older details are missing.")
     for a in rep.attempts:
         if a.oom:
-            ev = f"; log kept in {a.oom['evidence']}" if a.oom.get("evidence") else ""
+            ev = (f"; log kept in {a.oom.get('evidence_where') or a.oom['evidence']}"
+                  if a.oom.get("evidence") else "")
             where = ("on a whole GPU" if a.oom.get("whole_gpu") else
                      "under its MPS limit" if a.oom["cause"] == "gpu-oom" else
                      "on a shared GPU (MPS)")

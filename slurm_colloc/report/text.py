@@ -1,8 +1,10 @@
 """Terminal rendering of a job report with rich, in jobstats' order.
 
 Header (who, what, where, state), overall bars (memory peak against the limit and
-the estimate, SM activity), details (one row per attempt), co-tenants over time,
-then notes and recommendations.
+the estimate, SM activity), details (one row per attempt), co-tenants over time, the
+time series per attempt (its source, node-local or the accounting record's
+downsampled one, and ASCII sparklines of memory and activity), OOM evidence (where it
+is and whether it is readable from this host), then notes and recommendations.
 
 Strings from Slurm, job records or the node (job name, user, node, co-tenants, notes
 that quote them) reach rich only as :class:`Text` built by :func:`safe`: never parsed
@@ -22,6 +24,9 @@ from slurm_colloc.report.model import AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 
 BAR = 30
+SPARK = " .:-=+*#%@"
+"""ASCII ramp of the sparklines (a login host's terminal may not be UTF-8)."""
+SPARK_WIDTH = 48
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -106,6 +111,57 @@ def _timeline(a: AttemptView) -> list[Text]:
     return out
 
 
+def sparkline(values: list[float | None], vmax: float, width: int = SPARK_WIDTH) -> str:
+    """``values`` in at most ``width`` columns (max per column), scaled to ``vmax``."""
+    if not values:
+        return ""
+    cols = min(width, len(values))
+    out = []
+    for c in range(cols):
+        chunk = [v for v in values[c * len(values) // cols:(c + 1) * len(values) // cols]
+                 if v is not None]
+        if not chunk or vmax <= 0:
+            out.append("?" if not chunk else SPARK[0])
+            continue
+        frac = min(1.0, max(0.0, max(chunk) / vmax))
+        out.append(SPARK[round(frac * (len(SPARK) - 1))])
+    return "".join(out)
+
+
+def _series_lines(a: AttemptView, gpu_mib: int | None) -> list[Text]:
+    out = [safe(f"  Attempt {a.attempt}: {a.series_label}")]
+    pts = a.series_points
+    if not pts:
+        return out
+    cap = float(a.limit_mib or gpu_mib or max(int(p[1] or 0) for p in pts) or 1)
+    mem = [None if p[1] is None else float(p[1]) for p in pts]
+    span = pts[-1][0] or 0
+    line = Text(f"    {'memory':<10} [")
+    line.append(sparkline(mem, cap), style="blue")
+    line.append(f"]  0..{span:.0f} s, top = {gib(cap)}"
+                + (" (limit)" if a.limit_mib else ""))
+    out.append(line)
+    act = [None if p[2] is None else float(p[2]) for p in pts]
+    if any(v is not None for v in act):
+        label = "SM" if a.sm_source != "utilization" else "util."
+        line = Text(f"    {label:<10} [")
+        line.append(sparkline(act, 100.0), style="yellow")
+        line.append("]  top = 100%")
+        out.append(line)
+    return out
+
+
+def _evidence_lines(a: AttemptView) -> list[Text]:
+    oom = a.oom or {}
+    if not oom.get("evidence"):
+        return []
+    where = oom.get("evidence_where") or str(oom["evidence"])
+    style = "" if oom.get("evidence_readable") else "yellow"
+    out = [safe(f"  Attempt {a.attempt}: {where}", style=style)]
+    out += [safe(f"    | {ln}", style="dim") for ln in oom.get("evidence_tail") or []]
+    return out
+
+
 def render(rep: JobReport) -> RenderableType:
     """The whole report as one rich renderable."""
     parts: list[RenderableType] = []
@@ -159,6 +215,14 @@ def render(rep: JobReport) -> RenderableType:
         tl = _timeline(a)
         if tl:
             parts += [Text(""), *tl]
+    if rep.attempts:
+        parts += [Text(""), Text("Time series (memory against the limit; activity %)",
+                                 style="bold")]
+        for a in rep.attempts:
+            parts += _series_lines(a, rep.gpu_memory_mib)
+    ev = [ln for a in rep.attempts for ln in _evidence_lines(a)]
+    if ev:
+        parts += [Text(""), Text("OOM evidence", style="bold"), *ev]
     if rep.notes:
         parts += [Text(""), Text("Notes", style="bold")]
         parts += [safe(f"  * {n}") for n in rep.notes]
