@@ -10,8 +10,13 @@ Constraints that shaped the format (see docs/slurm-facts.md):
   a decoder per version stays in :data:`_DECODERS` so old records keep decoding.
 * **Capped.** The encoded text never exceeds ``admin_comment_max_bytes`` (config,
   4096): when it would, the least useful details are dropped first (free-form notes,
-  co-tenant lists, older attempts' metrics and estimates, then whole middle attempts)
-  and the record is marked ``truncated``.
+  older attempts' metrics series, the latest attempt's series halved a few times and
+  then dropped, co-tenant lists, older attempts' metrics and estimates, then whole
+  middle attempts) and the record is marked ``truncated``.
+* **Compact series.** An attempt's downsampled metrics series (``MetricsSummary.series``)
+  travels as three integer lists: time and memory delta-encoded, SM activity % with -1
+  for "not measured". The decoder accepts at most :data:`MAX_SERIES_POINTS` bounded
+  points and drops (never fails the record on) any other series.
 * **Never crashes its caller on foreign input** (issue 11, M2). Other tools may write
   AdminComment too, and root's epilog reads it before a requeue. Decoding is total:
   :func:`decode` finds our token anywhere in the comment and, whatever the text,
@@ -57,6 +62,15 @@ _TOKEN = re.compile(
     r"(?<![a-z0-9])cl(\d{1,3}):([a-z2-7]+)(?![a-z0-9])", re.IGNORECASE | re.ASCII
 )
 _MIN_ENCODED = len(PREFIX) + 40  # room for an empty, truncated record
+MAX_SERIES_POINTS = 512
+"""Longest metrics series a record carries (the encoder thins longer ones; the decoder
+drops them)."""
+MAX_SERIES_SECONDS = 10 * 366 * 86400
+"""Largest series time offset (s) accepted: ten years."""
+MAX_SERIES_MIB = 1 << 24
+"""Largest series memory value (MiB) accepted: 16 TiB."""
+SERIES_MIN_POINTS = 6
+"""The size cap halves the last attempt's series down to this many points, then drops it."""
 
 
 class RecordDecodeError(ValueError):
@@ -83,7 +97,12 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
     return _drop_none(
         {
             "n": a.attempt,
-            "e": _drop_none({"m": e.mib, "x": e.estimator, "g": e.margin, "f": e.fingerprint})
+            "e": _drop_none(
+                {
+                    "m": e.mib, "x": e.estimator, "g": e.margin, "f": e.fingerprint,
+                    "b": e.batch_size, "q": e.seq_len, "o": e.optimizer, "p": e.precision,
+                }
+            )
             if e
             else None,
             "s": a.shards,
@@ -110,6 +129,7 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
                     "j": m.energy_j,
                     "k": m.samples,
                     "d": m.dcgm or None,
+                    "s": _series_to_json(m.series),
                 }
             )
             if m
@@ -118,6 +138,65 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
             "t1": a.end,
         }
     )
+
+
+def _clamp(v: object, lo: int, hi: int) -> int:
+    try:
+        n = round(v) if isinstance(v, float) else int(v)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        n = lo
+    return min(max(n, lo), hi)
+
+
+def _series_to_json(series: tuple[tuple[int, int, int | None], ...]) -> list[list[int]] | None:
+    """``[[dt...], [dmem...], [sm...]]``: times and memory delta-encoded (the first value
+    absolute), SM activity % as is with -1 for "not measured". Values are clamped to the
+    decoder's bounds; a series over :data:`MAX_SERIES_POINTS` is thinned evenly."""
+    if not series:
+        return None
+    pts = list(series)
+    if len(pts) > MAX_SERIES_POINTS:
+        step = -(-len(pts) // MAX_SERIES_POINTS)
+        pts = pts[::step]
+    ts: list[int] = []
+    ms: list[int] = []
+    us: list[int] = []
+    prev_t = prev_m = 0
+    for p in pts:
+        t = max(_clamp(p[0], 0, MAX_SERIES_SECONDS), prev_t)  # never back in time
+        m = _clamp(p[1], 0, MAX_SERIES_MIB)
+        u = -1 if p[2] is None else _clamp(p[2], 0, 100)
+        ts.append(t - prev_t)
+        ms.append(m - prev_m)
+        us.append(u)
+        prev_t, prev_m = t, m
+    return [ts, ms, us]
+
+
+def _series_from_json(v: Any) -> tuple[tuple[int, int, int | None], ...]:
+    """The series of :func:`_series_to_json`; () for anything else (a bad series is
+    plot data lost, not a record lost): wrong shape or types, more than
+    :data:`MAX_SERIES_POINTS` points, values out of bounds, time going backwards."""
+    if not isinstance(v, list) or len(v) != 3 or not all(isinstance(x, list) for x in v):
+        return ()
+    ts, ms, us = v
+    n = len(ts)
+    if n > MAX_SERIES_POINTS or len(ms) != n or len(us) != n:
+        return ()
+    if not all(type(x) is int for col in (ts, ms, us) for x in col):
+        return ()
+    out: list[tuple[int, int, int | None]] = []
+    t = m = 0
+    for dt, dm, u in zip(ts, ms, us, strict=True):
+        if not (0 <= dt <= MAX_SERIES_SECONDS and -MAX_SERIES_MIB <= dm <= MAX_SERIES_MIB
+                and -1 <= u <= 100):
+            return ()
+        t += dt
+        m += dm
+        if t > MAX_SERIES_SECONDS or not 0 <= m <= MAX_SERIES_MIB:
+            return ()
+        out.append((t, m, None if u == -1 else u))
+    return tuple(out)
 
 
 def _record_to_json(rec: JobRecord) -> dict[str, Any]:
@@ -175,6 +254,10 @@ def _attempt_from_json(d: Any) -> Attempt:
             estimator=_get(e, "x", str, ""),
             margin=_num(e, "g"),
             fingerprint=_get(e, "f", str),
+            batch_size=_get(e, "b", int),
+            seq_len=_get(e, "q", int),
+            optimizer=_get(e, "o", str),
+            precision=_get(e, "p", str),
         )
         if e is not None
         else None,
@@ -207,6 +290,7 @@ def _attempt_from_json(d: Any) -> Attempt:
             energy_j=_num(m, "j"),
             samples=_get(m, "k", int, 0),
             dcgm=_get(m, "d", bool, False),
+            series=_series_from_json(m.get("s")),
         )
         if m is not None
         else None,
@@ -345,14 +429,38 @@ def _shrinkers() -> list[Callable[[JobRecord], JobRecord | None]]:
         return _older(r, lambda a: replace(a, metrics=None) if a.metrics else None)
 
     def drop_old_fingerprints(r: JobRecord) -> JobRecord | None:
+        # the history key goes with the fingerprint: without it the rest keys nothing
         return _older(
             r,
             lambda a: (
-                replace(a, estimate=replace(a.estimate, fingerprint=None))
+                replace(a, estimate=replace(a.estimate, fingerprint=None, batch_size=None,
+                                            seq_len=None, optimizer=None, precision=None))
                 if a.estimate and a.estimate.fingerprint
                 else None
             ),
         )
+
+    def _with_series(a: Attempt, series: tuple[tuple[int, int, int | None], ...]) -> Attempt:
+        assert a.metrics is not None
+        return replace(a, metrics=replace(a.metrics, series=series))
+
+    def drop_old_series(r: JobRecord) -> JobRecord | None:
+        return _older(r, lambda a: _with_series(a, ()) if a.metrics and a.metrics.series
+                      else None)
+
+    def halve_last_series(r: JobRecord) -> JobRecord | None:
+        # every other point, the latest kept (the end of a plot is what was last seen)
+        a = r.attempts[-1] if r.attempts else None
+        if a is None or a.metrics is None or len(a.metrics.series) <= SERIES_MIN_POINTS:
+            return None
+        s = a.metrics.series
+        return replace(r, attempts=(*r.attempts[:-1], _with_series(a, s[::-1][::2][::-1])))
+
+    def drop_last_series(r: JobRecord) -> JobRecord | None:
+        a = r.attempts[-1] if r.attempts else None
+        if a is None or a.metrics is None or not a.metrics.series:
+            return None
+        return replace(r, attempts=(*r.attempts[:-1], _with_series(a, ())))
 
     def drop_all_co_tenants(r: JobRecord) -> JobRecord | None:
         if not any(a.co_tenants for a in r.attempts):
@@ -405,6 +513,9 @@ def _shrinkers() -> list[Callable[[JobRecord], JobRecord | None]]:
 
     return [
         drop_extra,
+        drop_old_series,
+        halve_last_series,
+        drop_last_series,
         trim_co_tenants,
         drop_old_metrics,
         drop_old_fingerprints,
