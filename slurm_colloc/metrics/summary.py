@@ -2,8 +2,9 @@
 
 :func:`job_summary` is the hook the epilog calls (``slurm_colloc.node.epilog``): it
 reads the attempt's node-local series and returns the
-:class:`~slurm_colloc.accounting.record.MetricsSummary` that goes into AdminComment,
-plus the ids of the jobs that shared a GPU with it.
+:class:`~slurm_colloc.accounting.record.MetricsSummary` that goes into AdminComment
+(with a :func:`downsample`-d series of ``series_points`` points, so a plot needs no
+node-local file), plus the ids of the jobs that shared a GPU with it.
 
 :func:`record_history` files a successful attempt's measured peak in the estimator's
 history (``estimators.history.SqliteHistory`` at ``history_db``), keyed by the job
@@ -16,6 +17,7 @@ the fingerprint is user-controlled, so a peak only ever counts for its owner
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from slurm_colloc.accounting.record import MetricsSummary
@@ -26,8 +28,46 @@ IDLE_SM_PCT = 5.0
 """A sample with SM activity (or utilisation) below this counts as idle."""
 
 
-def summarize(rows: Sequence[store.Row]) -> tuple[MetricsSummary | None, list[str]]:
-    """Summary and co-tenants of an attempt's rows (pure)."""
+def downsample(
+    rows: Sequence[store.Row], points: int, start: float | None = None
+) -> tuple[tuple[int, int, int | None], ...]:
+    """At most ``points`` points over the attempt's rows, oldest first (pure).
+
+    The rows' time span is cut into ``points`` equal buckets; each non-empty bucket
+    gives (seconds from ``start`` (default: the first row) to its first row, the max
+    of the job's memory in it (MiB), the sample-weighted mean SM activity % (a row
+    without SM activity counts with its utilisation) or None when neither was
+    measured). The peak survives: it is the max of some bucket.
+    """
+    if points <= 0 or not rows:
+        return ()
+    ordered = sorted((r for r in rows if math.isfinite(r.t)), key=lambda r: r.t)
+    if not ordered:
+        return ()
+    t0, t1 = ordered[0].t, ordered[-1].t
+    origin = t0 if start is None or not math.isfinite(start) or start <= 0 else start
+    span = t1 - t0
+    buckets: dict[int, list[store.Row]] = {}
+    for r in ordered:
+        i = 0 if span <= 0 else min(points - 1, int((r.t - t0) / span * points))
+        buckets.setdefault(i, []).append(r)
+    out: list[tuple[int, int, int | None]] = []
+    for i in sorted(buckets):
+        b = buckets[i]
+        act = [(r.sm_pct if r.sm_pct is not None else r.util_pct, r.n) for r in b]
+        known = [(x, n) for x, n in act if x is not None and math.isfinite(x)]
+        sm = None
+        if known:
+            sm = round(sum(x * n for x, n in known) / sum(n for _, n in known))
+        out.append((max(0, round(b[0].t - origin)), max(r.mem_max_mib for r in b), sm))
+    return tuple(out)
+
+
+def summarize(
+    rows: Sequence[store.Row], *, points: int = 0, start: float | None = None
+) -> tuple[MetricsSummary | None, list[str]]:
+    """Summary and co-tenants of an attempt's rows (pure); with ``points`` > 0 the
+    summary carries the :func:`downsample`-d series (seconds from ``start``)."""
     if not rows:
         return None, []
     n = sum(r.n for r in rows)
@@ -48,6 +88,7 @@ def summarize(rows: Sequence[store.Row]) -> tuple[MetricsSummary | None, list[st
             peak_mib=peak, mean_mib=round(mean, 1),
             mean_sm_activity=None if mean_act is None else round(mean_act, 3),
             energy_j=round(energy, 1), samples=n, dcgm=dcgm,
+            series=downsample(rows, points, start),
         ),
         tenants,
     )
@@ -56,9 +97,17 @@ def summarize(rows: Sequence[store.Row]) -> tuple[MetricsSummary | None, list[st
 def job_summary(
     cfg: CollocConfig, job_id: int, attempt: int
 ) -> tuple[MetricsSummary | None, list[str]]:
-    """The epilog hook: (summary or None when nothing was sampled, co-tenant job ids)."""
+    """The epilog hook: (summary or None when nothing was sampled, co-tenant job ids).
+
+    The summary's series has ``cfg.series_points`` points at most, timed from the
+    attempt's start as the prolog recorded it (else from the first sample).
+    """
     series = store.read_series(cfg.metrics_dir, job_id, attempt)
-    return summarize(series.rows)
+    if not series.rows:
+        return None, []
+    meta = store.read_meta(cfg.metrics_dir, job_id, attempt) if cfg.series_points > 0 else None
+    start = meta.start if meta is not None and meta.job_id == job_id else None
+    return summarize(series.rows, points=cfg.series_points, start=start)
 
 
 def record_history(
