@@ -34,7 +34,15 @@ from .test_report_build import (
 SVG = "{http://www.w3.org/2000/svg}"
 N = 24
 SERIES = tuple((i * 5, 1500 + 25 * i, 20 + i) for i in range(N))
-WITH_SERIES = replace(COLLOCATED, metrics=replace(COLLOCATED.metrics, series=SERIES))
+
+
+def _metrics(a: Attempt, **kw: Any) -> Attempt:
+    """``a`` with its metrics summary changed by ``kw``."""
+    assert a.metrics is not None
+    return replace(a, metrics=replace(a.metrics, **kw))
+
+
+WITH_SERIES = _metrics(COLLOCATED, series=SERIES)
 
 
 def _with_record(monkeypatch: pytest.MonkeyPatch, rec: JobRecord) -> None:
@@ -148,7 +156,7 @@ def test_without_any_series_the_report_says_so(monkeypatch: pytest.MonkeyPatch) 
 
 def test_accounting_series_without_dcgm_is_labelled_utilization(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    nodcgm = replace(WITH_SERIES, metrics=replace(WITH_SERIES.metrics, dcgm=False))
+    nodcgm = _metrics(WITH_SERIES, dcgm=False)
     _with_record(monkeypatch, JobRecord((nodcgm,)))
     rep = model.build("70", _login_host("70", COLLOCATED), CFG)
     page = html.render(rep)
@@ -161,7 +169,7 @@ def test_malformed_record_points_are_skipped_and_unmeasured_activity_is_a_gap(
         monkeypatch: pytest.MonkeyPatch) -> None:
     bad: Any = ((0, 1000, None), (-5, 1000, 10), (10, -1, 10), ("x", 1, 1), (20, 1200, 250),
                 (15, 1100, None), (True, 1, 1), (1, 2))
-    odd = replace(WITH_SERIES, metrics=replace(WITH_SERIES.metrics, series=bad))
+    odd = _metrics(WITH_SERIES, series=bad)
     _with_record(monkeypatch, JobRecord((odd,)))
     rep = model.build("70", _login_host("70", COLLOCATED), CFG)
     (a,) = rep.attempts
@@ -174,7 +182,7 @@ def test_malformed_record_points_are_skipped_and_unmeasured_activity_is_a_gap(
 
 def test_every_attempt_gets_its_own_source(monkeypatch: pytest.MonkeyPatch) -> None:
     """A requeued job: attempt 0 from the record, attempt 1 from the node store."""
-    a0 = replace(OOM0, metrics=replace(OOM0.metrics, series=SERIES[:5]))
+    a0 = _metrics(OOM0, series=SERIES[:5])
     _with_record(monkeypatch, JobRecord((a0, OOM1)))
     w = _login_host("71", OOM0, OOM1)
     w.ser[("71", 1)] = series("71", 30, mem=14336, sm=55.0)
@@ -198,6 +206,19 @@ def test_record_round_trip_keeps_the_series_when_the_codec_carries_it() -> None:
 
 
 # ------------------------------------------------------------------ evidence ---
+
+
+def _record_opens(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record every os.open (the check must not open what it rejects)."""
+    opened: list[Any] = []
+    real = os.open
+
+    def spy(*a: Any, **k: Any) -> int:
+        opened.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(os, "open", spy)
+    return opened
 
 
 def _oom_world(path: str) -> Fake:
@@ -243,10 +264,8 @@ def test_unreadable_evidence_is_not_read(tmp_path: Path, monkeypatch: pytest.Mon
     ev.write_text("private\n")
     ev.chmod(0)
     if os.geteuid() == 0:  # root reads anything: stand in for another user
-        monkeypatch.setattr(inquirer.os, "access", lambda *a, **k: False)
-    opened: list[Any] = []
-    real_open = os.open
-    monkeypatch.setattr(inquirer.os, "open", lambda *a, **k: opened.append(a) or real_open(*a, **k))
+        monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    opened = _record_opens(monkeypatch)
     rep = model.build("80", _oom_world(str(ev)), CFG)
     oom = rep.attempts[0].oom
     assert oom is not None and oom["evidence_status"] == "denied" and not oom["evidence_readable"]
@@ -267,8 +286,7 @@ def test_evidence_that_is_not_a_regular_file_is_never_opened(
         os.mkfifo(ev)  # opening it would block the report
     else:
         ev.mkdir()
-    opened: list[Any] = []
-    monkeypatch.setattr(inquirer.os, "open", lambda *a, **k: opened.append(a) or -1)
+    opened = _record_opens(monkeypatch)
     rep = model.build("80", _oom_world(str(ev)), CFG)
     oom = rep.attempts[0].oom
     assert oom is not None and oom["evidence_status"] == "not-a-file"
@@ -292,8 +310,12 @@ def test_evidence_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     ev.write_bytes(b"a" * (1 << 20) + b"\n" + b"b" * 10000 + b"\nlast line\n")
     asked: list[int] = []
     real = os.pread
-    monkeypatch.setattr(inquirer.os, "pread",
-                        lambda fd, n, off: asked.append(n) or real(fd, n, off))
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        asked.append(n)
+        return real(fd, n, off)
+
+    monkeypatch.setattr(os, "pread", pread)
     chk = inquirer.check_evidence(str(ev))
     assert asked == [inquirer.EVIDENCE_TAIL_BYTES] and chk.tail == ("last line",)
     assert all(len(ln) <= inquirer.EVIDENCE_LINE_CHARS for ln in chk.tail)
