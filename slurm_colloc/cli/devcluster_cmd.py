@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from slurm_colloc.devcluster.cluster import DAEMON_NAMES, Cluster
+from slurm_colloc.devcluster import hosts
+from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.daemons import DaemonError
 from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Spec
 from slurm_colloc.devcluster.packages import PackageError
@@ -20,16 +21,23 @@ root_option = click.option(
 
 @click.group()
 def devcluster() -> None:
-    """A private one-node Slurm cluster (real daemons) with simulated GPUs. Needs root."""
+    """A private Slurm cluster (real daemons) with simulated GPUs. Needs root.
+
+    One node by default; --nodes N gives a login host (this shell), the controller and
+    N compute hosts in their own network and mount namespaces."""
     logging.basicConfig(level=logging.INFO, format="colloc: devcluster: %(message)s")
 
 
-SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts")
+SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "nodes")
 
 
 @devcluster.command()
 @root_option
-@click.option("--gpus", default=4, show_default=True, help="Number of simulated GPUs.")
+@click.option("--nodes", default=1, show_default=True,
+              help="Compute hosts; 2 or more: each in its own namespaces, GPUs of two sizes, "
+                   "partitions 'shared' (shards) and, from 3, 'gpu' (whole GPUs, default).")
+@click.option("--gpus", default=None, type=int,
+              help="Simulated GPUs per host [default: 4 on one node, 2 per host with --nodes].")
 @click.option("--gpu-memory", "gpu_memory_mib", default=40960, show_default=True,
               help="Memory per simulated GPU in MiB (40960 = A100 40 GB).")
 @click.option("--shard-mib", default=1024, show_default=True, help="GPU memory per gres/shard.")
@@ -39,8 +47,9 @@ SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts")
 @click.option("--fresh", is_flag=True,
               help="Rebuild from scratch: wipes running jobs, Slurm state and accounting.")
 @click.pass_context
-def up(ctx: click.Context, root: Path, gpus: int, gpu_memory_mib: int, shard_mib: int,
-       no_node_scripts: bool, no_install: bool, timeout: float, fresh: bool) -> None:
+def up(ctx: click.Context, root: Path, nodes: int, gpus: int | None, gpu_memory_mib: int,
+       shard_mib: int, no_node_scripts: bool, no_install: bool, timeout: float,
+       fresh: bool) -> None:
     """Start munged, MariaDB, slurmdbd, slurmctld, slurmd: only those that are down.
 
     An existing cluster keeps its jobs, Slurm state and accounting; --fresh rebuilds.
@@ -51,24 +60,34 @@ def up(ctx: click.Context, root: Path, gpus: int, gpu_memory_mib: int, shard_mib
     if existing.saved_spec() is not None and not given:
         spec = existing.spec  # keep the shape there (and its ports, which only the API sets)
     else:
-        spec = Spec(gpus=gpus, gpu_memory_mib=gpu_memory_mib, shard_mib=shard_mib,
-                    node_scripts=not no_node_scripts)
+        spec = Spec(gpus=gpus if gpus is not None else (4 if nodes == 1 else 2),
+                    gpu_memory_mib=gpu_memory_mib, shard_mib=shard_mib,
+                    node_scripts=not no_node_scripts, nodes=nodes)
     cluster = Cluster(existing.layout, spec)
     try:
         secs = cluster.up(install=not no_install, timeout=timeout, fresh=fresh)
     except (DaemonError, PackageError, ValueError) as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"devcluster up in {secs:.1f}s: {spec.gpus} simulated GPUs x "
-               f"{spec.gpu_memory_mib} MiB, {spec.shards_per_gpu} shards each. Use it with:")
+    if spec.multi_node:
+        click.echo(f"devcluster up in {secs:.1f}s: login host and controller here "
+                   f"({spec.controller_addr()}), {spec.nodes} compute hosts:")
+        click.echo(hosts.describe(spec))
+        click.echo("Run a command on a host: colloc devcluster exec HOST -- CMD. Use it with:")
+    else:
+        click.echo(f"devcluster up in {secs:.1f}s: {spec.gpus} simulated GPUs x "
+                   f"{spec.gpu_memory_mib} MiB, {spec.shards_per_gpu} shards each. Use it with:")
     click.echo(cluster.export_lines(), nl=False)
 
 
 @devcluster.command()
 @root_option
-@click.argument("daemon", type=click.Choice([*DAEMON_NAMES, "all"]))
+@click.argument("daemon")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait per daemon.")
 def restart(root: Path, daemon: str, timeout: float) -> None:
-    """Stop DAEMON if it runs (TERM, then KILL) and start it again; jobs keep running."""
+    """Stop DAEMON if it runs (TERM, then KILL) and start it again; jobs keep running.
+
+    DAEMON: munged, mariadb, slurmdbd, slurmctld, slurmd (every host's), slurmd-HOST
+    (one host of a multi-node cluster) or all."""
     try:
         secs = Cluster.at(root).restart(daemon, timeout=timeout)
     except DaemonError as e:
@@ -96,6 +115,25 @@ def status(root: Path) -> None:
         click.echo(f"{name:10s} {'running pid ' + str(pid) if pid else 'stopped'}")
     if not all(st.values()):
         raise SystemExit(1)
+
+
+@devcluster.command(name="exec", context_settings={"ignore_unknown_options": True})
+@root_option
+@click.argument("host")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(root: Path, host: str, argv: tuple[str, ...]) -> None:
+    """Run a command on compute HOST (in its namespaces), with the cluster's environment:
+    colloc devcluster exec colloc-node1 -- ls /var/lib/..."""
+    import os
+    import subprocess
+
+    cluster = Cluster.at(root)
+    try:
+        cmd = cluster.enter_argv(host, list(argv))
+    except DaemonError as e:
+        raise click.ClickException(str(e)) from e
+    env = {**os.environ, **cluster.env()}
+    raise SystemExit(subprocess.run(cmd, env=env, check=False).returncode)
 
 
 @devcluster.command()

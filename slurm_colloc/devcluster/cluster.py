@@ -25,15 +25,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_colloc.devcluster import configs, daemons
+from slurm_colloc.devcluster import configs, daemons, hosts
 from slurm_colloc.devcluster.daemons import Daemon, DaemonError
-from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Layout, Spec
+from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Layout, NodePlan, Spec
 from slurm_colloc.devcluster.packages import ensure_packages
 
 log = logging.getLogger("colloc.devcluster")
 
 DAEMON_NAMES = ("munged", "mariadb", "slurmdbd", "slurmctld", "slurmd")
-"""Start order: each needs the ones before it (munge auth, the database, accounting)."""
+"""Start order: each needs the ones before it (munge auth, the database, accounting).
+A multi-node cluster has one ``slurmd-<host>`` per compute host where ``slurmd`` is;
+``slurmd`` then names all of them."""
+
+
+def expand(name: str, names: list[str]) -> list[str]:
+    """The daemons ``name`` stands for among ``names`` (``all``, ``slurmd``, or one)."""
+    if name == "all":
+        return list(names)
+    if name == "slurmd":
+        return [n for n in names if n == "slurmd" or n.startswith("slurmd-")]
+    return [name] if name in names else []
 
 
 def up_plan(saved: Spec | None, wanted: Spec, *, fresh: bool) -> str:
@@ -61,7 +72,11 @@ def to_start(pids: dict[str, int | None]) -> list[str]:
     slurmdbd with its queued records, slurmd to slurmctld), and restarting them
     would only lose more.
     """
-    return [n for n in DAEMON_NAMES if n in pids and pids[n] is None]
+    def rank(name: str) -> int:
+        base = "slurmd" if name.startswith("slurmd-") else name
+        return DAEMON_NAMES.index(base) if base in DAEMON_NAMES else len(DAEMON_NAMES)
+
+    return sorted((n for n, pid in pids.items() if pid is None), key=rank)
 
 
 
@@ -157,12 +172,46 @@ class Cluster:
                 "slurmctld", ("/usr/sbin/slurmctld",), L.run / "slurmctld.pid",
                 L.log / "slurmctld.log", "slurmctld",
             ),
-            Daemon(
+            *self._slurmds(),
+        ]
+
+    def _slurmds(self) -> list[Daemon]:
+        L, s = self.layout, self.spec
+        if not s.multi_node:
+            return [Daemon(
                 "slurmd", ("/usr/sbin/slurmd", "-N", s.node_name),
                 L.run / f"slurmd-{s.node_name}.pid", L.log / f"slurmd-{s.node_name}.log",
                 "slurmd",
-            ),
+            )]
+        return [
+            Daemon(
+                f"slurmd-{n.name}", hosts.slurmd_argv(s, L, n),
+                L.run / f"slurmd-{n.name}.pid", L.log / f"slurmd-{n.name}.log", "slurmd",
+            )
+            for n in s.node_plans()
         ]
+
+    def daemon_names(self) -> list[str]:
+        """This cluster's daemons in start order (``restart`` takes these)."""
+        return [d.name for d in self.daemons()]
+
+    def node(self, name: str) -> NodePlan:
+        """A compute host by name (DaemonError naming the hosts when there is none)."""
+        for n in self.spec.node_plans():
+            if n.name == name:
+                return n
+        names = ", ".join(n.name for n in self.spec.node_plans())
+        raise DaemonError(f"no compute host {name!r} in this devcluster: {names}")
+
+    def enter_argv(self, node: str, argv: list[str]) -> list[str]:
+        """``argv`` run on a compute host (in its namespaces; as is on a one-node lab)."""
+        plan = self.node(node)
+        if not self.spec.multi_node:
+            return argv
+        pid = daemons.running(self._slurmds()[plan.index])
+        if pid is None:
+            raise DaemonError(f"slurmd of {node} is not running: `colloc devcluster up`")
+        return hosts.enter_argv(pid, argv)
 
     def status(self) -> dict[str, int | None]:
         """Pid of each daemon, None where it is not running."""
@@ -200,6 +249,7 @@ class Cluster:
         started: list[Daemon] = []
         try:
             self._write_files()
+            self._hosts_up()
             steps: list[tuple[Daemon, Callable[[], bool]]] = list(
                 zip(self.daemons(), self._readiness(), strict=True)
             )
@@ -216,6 +266,8 @@ class Cluster:
             for d in reversed(started):
                 daemons.stop(d)
             self._kill_cluster_processes()
+            if self.spec.multi_node:
+                hosts.network_down(self.spec)
             raise
         # written last: its presence means "configs, database user and accounting are
         # complete", which is what lets a later ``up`` resume instead of rebuild
@@ -229,7 +281,16 @@ class Cluster:
         except (OSError, ValueError, TypeError):
             return None
 
+    def _hosts_up(self) -> None:
+        """Namespaces and private directories of the compute hosts (multi-node only)."""
+        if not self.spec.multi_node:
+            return
+        hosts.network_up(self.spec)
+        for n in self.spec.node_plans():
+            hosts.prepare_private_dirs(self.layout, n)
+
     def _resume(self, timeout: float) -> None:
+        self._hosts_up()  # gone after a reboot; kept as they are otherwise
         names = to_start(self.status())
         if not names:
             if self._node_ready():
@@ -254,11 +315,13 @@ class Cluster:
         t0 = time.monotonic()
         if os.geteuid() != 0:
             raise DaemonError("colloc devcluster restart must run as root")
-        if name != "all" and name not in DAEMON_NAMES:
-            raise DaemonError(f"no daemon {name!r}: one of {', '.join(DAEMON_NAMES)} or all")
+        names = expand(name, self.daemon_names())
+        if not names:
+            raise DaemonError(
+                f"no daemon {name!r}: one of {', '.join(self.daemon_names())}, slurmd or all")
         if self.saved_spec() is None:
             raise DaemonError(f"no devcluster at {self.layout.root}: run `colloc devcluster up`")
-        names = list(DAEMON_NAMES) if name == "all" else [name]
+        self._hosts_up()
         by_name = self._steps()
         for n in reversed(names):
             if daemons.stop(by_name[n][0]):
@@ -278,10 +341,11 @@ class Cluster:
 
     def _check_ports(self) -> None:
         s = self.spec
-        for name, port in [
-            ("mariadb", s.mysql_port), ("slurmdbd", s.dbd_port),
-            ("slurmctld", s.ctld_port), ("slurmd", s.slurmd_port),
-        ]:
+        ports = [("mariadb", s.mysql_port), ("slurmdbd", s.dbd_port),
+                 ("slurmctld", s.ctld_port)]
+        if not s.multi_node:  # compute hosts have their own network namespaces
+            ports.append(("slurmd", s.slurmd_port))
+        for name, port in ports:
             if not daemons.port_free(port):
                 raise DaemonError(
                     f"{name}: port {port} on 127.0.0.1 is already in use; stop whatever "
@@ -297,8 +361,12 @@ class Cluster:
             and daemons.port_open(s.mysql_port),
             lambda: daemons.port_open(s.dbd_port),
             lambda: self._quiet_ok(["scontrol", "ping"]),
-            lambda: daemons.port_open(s.slurmd_port),
+            *[self._slurmd_ready(n) for n in s.node_plans()],
         ]
+
+    def _slurmd_ready(self, node: NodePlan) -> Callable[[], bool]:
+        port = self.spec.slurmd_port
+        return lambda: daemons.port_open(port, node.addr)
 
     def _quiet_ok(self, argv: list[str]) -> bool:
         cp = subprocess.run(argv, env=self.env(), capture_output=True, text=True, check=False)
@@ -340,10 +408,13 @@ class Cluster:
                 "initialising the MariaDB data directory",
             )
         # simulated GPUs: character devices gres.conf accepts (null devices)
-        for i in range(s.gpus):
-            dev = L.gpu_device(i)
-            if not dev.exists():
-                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        for n in s.node_plans():
+            host = n.name if s.multi_node else None
+            for i in range(n.gpus):
+                dev = L.gpu_device(i, host)
+                dev.parent.mkdir(parents=True, exist_ok=True)
+                if not dev.exists():
+                    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         password = configs.new_password()
         (L.root / "db.password").write_text(password)
         (L.root / "db.password").chmod(0o600)
@@ -396,9 +467,14 @@ class Cluster:
     def _init_sim(self) -> None:
         from slurm_colloc.gpu.sim.state import init_state
 
-        init_state(
-            self.layout.sim, gpu_count=self.spec.gpus, memory_mib=self.spec.gpu_memory_mib
-        )
+        if not self.spec.multi_node:
+            init_state(
+                self.layout.sim, gpu_count=self.spec.gpus, memory_mib=self.spec.gpu_memory_mib
+            )
+            return
+        for n in self.spec.node_plans():  # each host's own GPUs, bound over layout.sim
+            init_state(self.layout.node_dir(n.name) / "sim", gpu_count=n.gpus,
+                       memory_mib=n.gpu_memory_mib)
 
     def _create_db_user(self) -> None:
         password = (self.layout.root / "db.password").read_text().strip()
@@ -447,15 +523,18 @@ class Cluster:
         )
 
     def _node_ready(self) -> bool:
+        """Every compute host answers (idle, mixed or allocated)."""
+        names = [n.name for n in self.spec.node_plans()]
         cp = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %t", "-n", self.spec.node_name],
+            ["sinfo", "-h", "-N", "-o", "%N %t", "-n", ",".join(names)],
             env=self.env(), capture_output=True, text=True, check=False,
         )
-        return cp.returncode == 0 and any(
-            line.split()[1].rstrip("*") in ("idle", "mix", "alloc")
-            for line in cp.stdout.splitlines()
+        ready = {
+            line.split()[0] for line in cp.stdout.splitlines()
             if len(line.split()) == 2
-        )
+            and line.split()[1].rstrip("*") in ("idle", "mix", "alloc")
+        }
+        return cp.returncode == 0 and ready >= set(names)
 
     def _wait_node_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -463,9 +542,9 @@ class Cluster:
             if self._node_ready():
                 return
             time.sleep(0.2)
-        node_log = self.layout.log / f"slurmd-{self.spec.node_name}.log"
+        node_log = self.layout.log / f"slurmd-{self.spec.node_plans()[-1].name}.log"
         raise DaemonError(
-            f"slurmd: node {self.spec.node_name} did not become idle in {timeout:.0f}s; "
+            f"slurmd: the compute hosts did not all become idle in {timeout:.0f}s; "
             f"see {node_log} and {self.layout.log / 'slurmctld.log'}:\n"
             f"{daemons.log_tail(node_log)}"
         )
@@ -485,6 +564,8 @@ class Cluster:
             if daemons.stop(d):
                 stopped.append(d.name)
         self._kill_cluster_processes()
+        if self.spec.multi_node:
+            hosts.network_down(self.spec)
         if keep_logs is not None and self.layout.log.exists():
             shutil.copytree(self.layout.log, keep_logs, dirs_exist_ok=True)
         if self.layout.root.exists():

@@ -16,6 +16,29 @@ from slurm_colloc.gpu.budget import GpuBudget, budget
 from slurm_colloc.gpu.sim.state import DEFAULT_RESERVED_MIB
 
 DEFAULT_ROOT = Path("/var/lib/colloc-devcluster")
+MAX_NODES = 16
+SHARED_PARTITION = "shared"
+WHOLE_PARTITION = "gpu"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One compute host of the devcluster: its name, address and simulated GPUs."""
+
+    name: str
+    index: int
+    gpus: int
+    gpu_memory_mib: int
+    partition: str
+    """``shared`` (its GPUs offer shards) or ``gpu`` (whole GPUs only, no shards)."""
+    addr: str
+    shards_per_gpu: int
+    """0 on a whole-GPU node (its gres.conf declares no shards)."""
+
+    @property
+    def feature(self) -> str:
+        """Node feature naming the GPU size (``gpu40g``), for ``--constraint``."""
+        return f"gpu{round(self.gpu_memory_mib / 1024)}g"
 
 
 @dataclass(frozen=True)
@@ -35,9 +58,21 @@ class Spec:
     mysql_port: int = 13306
     node_scripts: bool = True
     """Wire colloc's Prolog/Epilog/TaskProlog into slurm.conf (off: plain Slurm)."""
+    nodes: int = 1
+    """Compute hosts. 1: the one-node lab (everything in the host's namespaces, one
+    partition ``gpu`` whose GPUs carry shards). 2 or more: the host is the login host and
+    controller, and each compute host runs in its own network, mount and UTS namespace
+    (private /var/lib/colloc, /tmp and MPS dirs; /home shared): odd-numbered hosts have
+    half as many GPUs of twice the memory, and with 3 or more the last host has whole
+    GPUs only, in partition ``gpu`` (the default partition), the others in ``shared``."""
 
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ValueError(f"--nodes {self.nodes}: must be 1..{MAX_NODES}")
+        if self.nodes > 1 and 2 * self.gpu_memory_mib > 1 << 20:
+            raise ValueError(f"--gpu-memory {self.gpu_memory_mib} MiB: the big nodes have "
+                             "twice that; must stay within 1 TiB")
         if not 1 <= self.gpus <= 64:
             raise ValueError(f"--gpus {self.gpus}: must be 1..64")
         if not 1024 <= self.gpu_memory_mib <= 1 << 20:
@@ -53,6 +88,45 @@ class Spec:
         """Shards one GPU offers: whole shards of what jobs can use of it (the simulated
         GPU keeps a driver reserve and MPS servers take memory, as real ones do)."""
         return self.budget().shards_per_gpu
+
+    @property
+    def multi_node(self) -> bool:
+        """Compute hosts in their own namespaces (``nodes`` > 1)."""
+        return self.nodes > 1
+
+    def subnet(self) -> str:
+        """The /24 of the cluster's bridge, derived from its port so that several
+        devclusters (tests) can run side by side: ``10.A.B``."""
+        return f"10.{100 + (self.ctld_port >> 8) % 100}.{self.ctld_port & 255}"
+
+    def controller_addr(self) -> str:
+        """Where nodes and clients reach slurmctld and slurmdbd."""
+        return f"{self.subnet()}.1" if self.multi_node else "127.0.0.1"
+
+    def node_plans(self) -> list[NodePlan]:
+        """The compute hosts, in order."""
+        if not self.multi_node:
+            return [NodePlan(self.node_name, 0, self.gpus, self.gpu_memory_mib,
+                             WHOLE_PARTITION, "127.0.0.1", self.shards_per_gpu)]
+        prefix = self.node_name.rstrip("0123456789")
+        plans = []
+        for i in range(self.nodes):
+            big = i % 2 == 1
+            whole = self.nodes >= 3 and i == self.nodes - 1
+            mem = self.gpu_memory_mib * (2 if big else 1)
+            spg = 0 if whole else budget(self.colloc_config(), mem).shards_per_gpu
+            plans.append(NodePlan(
+                f"{prefix}{i}", i, max(1, self.gpus // 2) if big else self.gpus, mem,
+                WHOLE_PARTITION if whole else SHARED_PARTITION, f"{self.subnet()}.{10 + i}",
+                spg,
+            ))
+        return plans
+
+    def shared_partitions(self) -> list[str]:
+        """``shared_partitions`` of the cluster's colloc.conf (see config.py)."""
+        if not self.multi_node:
+            return [WHOLE_PARTITION]  # one partition, its GPUs carry shards
+        return [f"{SHARED_PARTITION}:{self.gpu_memory_mib}"]
 
     def colloc_config(self) -> CollocConfig:
         """The memory settings the devcluster's colloc.conf carries."""
@@ -143,9 +217,32 @@ class Layout:
     def colloc_var(self) -> Path:
         return self.root / "colloc"
 
-    def gpu_device(self, index: int) -> Path:
-        """The character device standing in for /dev/nvidiaN."""
-        return self.dev / f"nvidia{index}"
+    @property
+    def mps_root(self) -> Path:
+        return self.run / "mps"
+
+    @property
+    def tmp(self) -> Path:
+        """The host's /tmp (compute hosts get their own bound over it)."""
+        return Path("/tmp")
+
+    def node_dir(self, node: str) -> Path:
+        """A compute host's private files (bound over the shared paths in its namespace)."""
+        return self.root / "nodes" / node
+
+    def node_private(self, node: str) -> list[tuple[Path, Path]]:
+        """(source, target) bind mounts that make a compute host's state its own."""
+        d = self.node_dir(node)
+        return [
+            (d / "colloc", self.colloc_var),
+            (d / "sim", self.sim),
+            (d / "mps", self.mps_root),
+            (d / "tmp", self.tmp),
+        ]
+
+    def gpu_device(self, index: int, node: str | None = None) -> Path:
+        """The character device standing in for /dev/nvidiaN (per host when several)."""
+        return (self.dev / node if node else self.dev) / f"nvidia{index}"
 
 
 def controller_hostname() -> str:

@@ -64,3 +64,62 @@ def test_up_resumes_the_same_shape_and_rebuilds_only_when_asked() -> None:
     assert up_plan(Spec(gpus=2), s, fresh=True) == "build"
     with pytest.raises(DaemonError, match="--fresh"):
         up_plan(Spec(gpus=2), s, fresh=False)  # never wipe a cluster unasked
+
+
+def test_multi_node_hosts_have_two_gpu_sizes_and_shards_only_in_the_shared_partition() -> None:
+    spec = Spec(nodes=3, gpus=2, gpu_memory_mib=40960, ctld_port=25817)
+    plans = spec.node_plans()
+    assert [(p.name, p.gpus, p.gpu_memory_mib, p.partition) for p in plans] == [
+        ("colloc-node0", 2, 40960, "shared"),
+        ("colloc-node1", 1, 81920, "shared"),
+        ("colloc-node2", 2, 40960, "gpu"),
+    ]
+    # each host's shards come from its own GPU size; the whole-GPU host has none
+    assert [p.shards_per_gpu for p in plans] == [39, 79, 0]
+    assert len({p.addr for p in plans} | {spec.controller_addr()}) == 4
+    gres = configs.gres_conf(spec, Layout(Path("/r")))
+    assert "NodeName=colloc-node1 Name=shard Count=79 File=/r/dev/colloc-node1/nvidia0" in gres
+    assert not [ln for ln in gres.splitlines() if "colloc-node2" in ln and "shard" in ln]
+    conf = configs.slurm_conf(spec, Layout(Path("/r")))
+    assert "SlurmctldHost=" in conf and f"({spec.controller_addr()})" in conf
+    assert f"AccountingStorageHost={spec.controller_addr()}" in conf
+    assert "Gres=gpu:2 Weight=3 Feature=gpu40g" in conf  # no shards on the whole-GPU host
+    assert "PartitionName=shared Nodes=colloc-node0,colloc-node1 MaxTime" in conf
+    assert "PartitionName=gpu Nodes=colloc-node2 Default=YES" in conf
+    colloc = configs.colloc_conf(spec, Layout(Path("/r")), Path("/v/bin"))
+    assert 'shared_partitions = ["shared:40960"]' in colloc
+
+
+def test_one_node_lab_keeps_its_single_partition_shared() -> None:
+    spec = Spec()
+    assert [p.partition for p in spec.node_plans()] == ["gpu"]
+    assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")),
+                                                                  Path("/v"))
+    assert "PartitionName=gpu Nodes=colloc-node0 Default=YES" in configs.slurm_conf(
+        spec, Layout(Path("/r")))
+
+
+def test_compute_hosts_get_private_state_but_share_home() -> None:
+    from slurm_colloc.devcluster import hosts
+
+    spec = Spec(nodes=2, ctld_port=25817)
+    layout = Layout(Path("/r"))
+    node = spec.node_plans()[1]
+    targets = {str(t) for _, t in layout.node_private(node.name)}
+    assert targets == {"/r/colloc", "/r/sim", "/r/run/mps", "/tmp"}
+    argv = hosts.slurmd_argv(spec, layout, node)
+    assert argv[:2] == ("nsenter", f"--net=/run/netns/{hosts.netns_name(spec, node)}")
+    assert argv[-3:] == ("/usr/sbin/slurmd", "-N", node.name)
+    assert "/home" not in " ".join(argv)
+    # names fit Linux's 15-character interface names for any port
+    assert len(hosts.bridge_name(Spec(nodes=2, ctld_port=65000))) <= 15
+
+
+def test_restart_names_expand_to_every_slurmd() -> None:
+    from slurm_colloc.devcluster.cluster import expand, to_start
+
+    names = ["munged", "slurmctld", "slurmd-a", "slurmd-b"]
+    assert expand("slurmd", names) == ["slurmd-a", "slurmd-b"]
+    assert expand("slurmd-b", names) == ["slurmd-b"]
+    assert expand("nope", names) == []
+    assert to_start({"slurmd-b": None, "munged": None, "slurmctld": 1}) == ["munged", "slurmd-b"]
