@@ -6,12 +6,19 @@ ask the running controller (through the Slurm adapter); they never change anythi
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from slurm_colloc import __version__
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.site.install import MARKER, PLUGIN_NAME
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmCli, SlurmError
@@ -201,11 +208,61 @@ def read_gres_conf(path: Path, node: str | None = None) -> tuple[list[str], dict
     return sorted(gpu_files, key=natural), shards
 
 
+def _no_backend(cfg: CollocConfig, error: str, dev: Path = Path("/dev")) -> Finding:
+    """The backend did not open: a skip on a host without GPUs, a failure on a GPU node.
+
+    ``colloc admin doctor --gpus`` on a controller or login host (no ``/dev/nvidia<N>``)
+    says the GPU checks were skipped and why, instead of failing; where device files
+    exist, NVML not opening is the node's problem and fails.
+    """
+    if not gpu_host(cfg, dev):
+        return Finding("warn", "no GPU backend", f"GPU checks skipped: no /dev/nvidia<N> here "
+                       f"(controller or login host?); NVML: {error}")
+    return Finding("fail", f"gpu backend {cfg.gpu_backend}", error)
+
+
+def _listdir(d: Path) -> list[Path]:
+    try:
+        return list(d.iterdir())
+    except OSError:
+        return []
+
+
+def compute_mode_finding(modes: dict[int, str], cfg: CollocConfig) -> Finding:
+    """Every GPU must be in compute mode DEFAULT; say what that leaves open.
+
+    Colloc cannot use EXCLUSIVE_PROCESS, NVIDIA's usual advice for one MPS server per
+    GPU: with ``mps_protocol = "2"`` each user gets an MPS server of their own on the
+    GPU (a second server is a second context), and whole-GPU jobs (``mode=whole``) run
+    without MPS on a GPU where MPS servers may still hold contexts. DEFAULT lets a
+    process that ignores ``CUDA_MPS_PIPE_DIRECTORY`` open its own context; the
+    collector flags or kills it (``enforce_outside_mps``), and the hard cgroup limit
+    (r615) holds its memory. With enforcement off nothing does: a warning.
+    """
+    bad = {i: m for i, m in sorted(modes.items()) if m != "DEFAULT"}
+    if bad:
+        nums = ",".join(str(i) for i in bad)
+        return Finding("fail", "GPU compute mode", f"GPUs {bad} must be DEFAULT: "
+                       f"nvidia-smi -i {nums} -c DEFAULT (as root; colloc runs one MPS "
+                       "server per user on a GPU and whole-GPU jobs without MPS, so "
+                       "EXCLUSIVE_PROCESS would refuse the second context)")
+    if cfg.enforce_outside_mps == "off":
+        return Finding("warn", "GPU compute mode", "DEFAULT on all GPUs, and "
+                       "enforce_outside_mps = \"off\": a process that bypasses MPS is "
+                       "neither prevented nor noticed; set enforce_outside_mps = \"flag\" "
+                       "(or \"kill\") in colloc.conf")
+    return Finding("ok", "GPU compute mode", "DEFAULT on all GPUs (processes outside MPS "
+                   f"are caught by the collector: enforce_outside_mps = "
+                   f"\"{cfg.enforce_outside_mps}\")")
+
+
 def check_gpus(cfg: CollocConfig, gres_conf: Path | None = None) -> list[Finding]:
     """On a GPU node: backend, compute mode, Slurm's GPU order, and shards vs memory.
 
     One MPS server per (GPU, user) (docs/node.md) needs compute mode DEFAULT; a GPU in
-    EXCLUSIVE_PROCESS mode admits one context, so a second user's job would fail.
+    EXCLUSIVE_PROCESS mode admits one context, so a second user's job would fail
+    (:func:`compute_mode_finding`). Without a GPU backend (a controller or login host)
+    the GPU checks are skipped with one line (:func:`_no_backend`).
     Slurm numbers GPUs by device file; colloc maps that index to a UUID by minor number
     (:mod:`slurm_colloc.gpu.identity`), and gres.conf must declare no more shards per
     GPU than its memory budget allows (:mod:`slurm_colloc.gpu.budget`).
@@ -217,17 +274,14 @@ def check_gpus(cfg: CollocConfig, gres_conf: Path | None = None) -> list[Finding
     from slurm_colloc.gpu.select import backend_from_config
 
     try:
-        backend = backend_from_config(cfg)
+        backend = backend_from_config(cfg, with_dcgm=False)
     except GpuBackendError as e:
-        return [Finding("fail", f"gpu backend {cfg.gpu_backend}", str(e))]
+        return [_no_backend(cfg, str(e))]
     try:
         gpus = backend.gpus()
         f = [Finding("ok", f"gpu backend {cfg.gpu_backend}", f"{len(gpus)} GPU(s)")]
         if isinstance(backend, NvmlBackend):
-            bad = {i: m for i, m in backend.compute_modes().items() if m != "DEFAULT"}
-            f.append(Finding("fail", "GPU compute mode",
-                             f"GPUs {bad} must be DEFAULT: nvidia-smi -i N -c DEFAULT")
-                     if bad else Finding("ok", "GPU compute mode", "DEFAULT on all GPUs"))
+            f.append(compute_mode_finding(backend.compute_modes(), cfg))
         try:
             gmap = GpuMap.from_gpus(gpus)
         except GpuIdentityError as e:
@@ -246,6 +300,9 @@ def check_gpus(cfg: CollocConfig, gres_conf: Path | None = None) -> list[Finding
         return f
     except GpuBackendError as e:
         return [Finding("fail", f"gpu backend {cfg.gpu_backend}", str(e))]
+    except Exception as e:  # noqa: BLE001 - a doctor reports, it never shows a traceback
+        return [Finding("fail", f"gpu backend {cfg.gpu_backend}",
+                        f"unexpected {type(e).__name__}: {e}")]
     finally:
         backend.close()
 
@@ -278,19 +335,30 @@ def _check_gres_against(gmap: GpuMap, cfg: CollocConfig, gres_conf: Path) -> lis
     return out
 
 
-def check_node(cfg: CollocConfig, slurm_conf: Path | None = None) -> list[Finding]:
+def gpu_host(cfg: CollocConfig, dev: Path = Path("/dev")) -> bool:
+    """Whether this host has GPUs to check: NVML device files, or a non-NVML backend."""
+    return cfg.gpu_backend != "nvml" or any(
+        re.fullmatch(r"nvidia\d+", p.name) for p in _listdir(dev))
+
+
+def check_node(cfg: CollocConfig, slurm_conf: Path | None = None,
+               dev: Path = Path("/dev")) -> list[Finding]:
     """On a GPU node: what the node scripts need besides the GPUs themselves.
 
     The MPS control program and which MPS it speaks (``mps_protocol``), the node
     scripts slurm.conf points at (they must exist here: slurmd runs them as root with
-    no PATH), ``PrologFlags`` (Alloc: the prolog runs at allocation), and ``mps_root``
+    no PATH), ``PrologFlags`` (Alloc: the prolog runs at allocation), ``mps_root``
     (root's own directory, never a symlink or someone else's: root writes MPS state
-    there).
+    there), the other state directories (:func:`check_dirs`), DCGM
+    (:func:`check_dcgm`), container runtimes (:func:`check_containers`) and the
+    installed programs' version (:func:`check_scripts`). On a host without GPUs
+    (controller, login host) only the last runs, after one line saying so.
     """
-    import os
-    import shutil
-    import stat
-
+    if not gpu_host(cfg, dev):
+        return [Finding("warn", "node checks", "skipped: no /dev/nvidia<N> on this host "
+                        "(controller or login host; on a GPU node the NVIDIA driver is not "
+                        "loaded): MPS control, node scripts, PrologFlags, state directories, "
+                        "DCGM, containers"), *check_scripts(None)]
     f: list[Finding] = []
     binary = shutil.which(cfg.mps_control) or cfg.mps_control
     if not os.access(binary, os.X_OK):
@@ -338,4 +406,279 @@ def check_node(cfg: CollocConfig, slurm_conf: Path | None = None) -> list[Findin
                              "only root can write (not a symlink)"))
         else:
             f.append(Finding("ok", "mps_root", str(root)))
+    f += check_dirs(cfg)
+    f += check_dcgm(cfg)
+    f += check_containers(cfg, slurm_conf)
+    f += check_scripts(slurm_conf)
     return f
+
+
+# --- node: directories, DCGM, containers, installed scripts ---------------------------
+
+Which = Callable[[str], "str | None"]
+Runner = Callable[[Sequence[str]], "tuple[int, str]"]
+
+
+def _run(argv: Sequence[str], timeout: float = 10.0) -> tuple[int, str]:
+    """Run a program without a shell: (exit status, first 4 KiB of its output)."""
+    try:
+        cp = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                            check=False, stdin=subprocess.DEVNULL, errors="replace")
+    except (OSError, subprocess.SubprocessError) as e:
+        return 127, str(e)
+    return cp.returncode, (cp.stdout + cp.stderr)[:4096]
+
+
+def check_dirs(cfg: CollocConfig, owner_uid: int = 0) -> list[Finding]:
+    """Node-local state directories: root's own, writable by root only, or not there yet.
+
+    ``metrics_dir`` (the collector's series, meta and verdicts), ``evidence_dir``
+    (root's copy of failed attempts' logs) and the directory of ``history_db`` (the
+    node's measured peaks) are created by the node scripts on first use; once they
+    exist, a directory another user could write (or a symlink) would let that user
+    plant what root later reads, renames or prunes there.
+    """
+    out: list[Finding] = []
+    for what, path in (("metrics_dir", Path(cfg.metrics_dir)),
+                       ("evidence_dir", Path(cfg.evidence_dir)),
+                       ("history_db directory", Path(cfg.history_db).parent)):
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            out.append(Finding("ok", what, f"{path} (created by the first job)"))
+            continue
+        except OSError as e:
+            out.append(Finding("fail", what, f"{path}: {e.strerror}"))
+            continue
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            out.append(Finding("fail", what, f"{path} is not a directory (symlink?): remove "
+                               "it; the node scripts create it"))
+        elif st.st_uid != owner_uid or st.st_mode & 0o022:
+            out.append(Finding("fail", what, f"{path} is owned by uid {st.st_uid}, mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}: chown root:root {path} && "
+                               f"chmod go-w {path}"))
+        else:
+            out.append(Finding("ok", what, f"{path} ({stat.S_IMODE(st.st_mode):04o}, root)"))
+    return out
+
+
+def _process_running(name: str, proc: Path = Path("/proc")) -> int | None:
+    """The pid of a process whose command name is ``name``, or None."""
+    for d in _listdir(proc):
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() == name:
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
+def _dcgm_bindings() -> str | None:
+    """Where DCGM's ``DcgmReader`` module is, as the collector would import it."""
+    import importlib.util
+
+    from slurm_colloc.gpu.dcgm import DCGM_PYTHON_DIRS
+
+    for d in DCGM_PYTHON_DIRS:
+        if (Path(d) / "DcgmReader.py").is_file():
+            return d
+    try:
+        spec = importlib.util.find_spec("DcgmReader")
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin else None
+
+
+def check_dcgm(cfg: CollocConfig, *, which: Which = shutil.which, proc: Path = Path("/proc"),
+               bindings: Callable[[], str | None] = _dcgm_bindings,
+               run: Runner = _run) -> list[Finding]:
+    """DCGM is optional: without it the collector reports NVML utilisation only.
+
+    With DCGM's host engine (``nv-hostengine``) running and its Python bindings where
+    :mod:`slurm_colloc.gpu.dcgm` looks, the collector adds SM activity, SM occupancy
+    and DRAM activity. Absent altogether is fine (``ok``); half installed is a warning.
+    """
+    what = "DCGM (optional)"
+    if cfg.gpu_backend != "nvml":
+        return [Finding("ok", what, f"not used with gpu_backend = \"{cfg.gpu_backend}\"")]
+    pid = _process_running("nv-hostengine", proc)
+    where = bindings()
+    dcgmi = which("dcgmi")
+    if pid is None and where is None and dcgmi is None:
+        return [Finding("ok", what, "not installed: DCGM profiling metrics (SM activity, "
+                        "occupancy, DRAM activity) unavailable; NVML utilization used. To add "
+                        "them: install datacenter-gpu-manager, systemctl enable --now "
+                        "nvidia-dcgm")]
+    if pid is None:
+        return [Finding("warn", what, "installed but nv-hostengine is not running: "
+                        "systemctl enable --now nvidia-dcgm (or start nv-hostengine); until "
+                        "then DCGM profiling metrics unavailable, NVML utilization used")]
+    if dcgmi is not None:
+        rc, text = run([dcgmi, "discovery", "-l"])
+        if rc != 0:
+            last = text.strip().splitlines()[-1] if text.strip() else f"exit {rc}"
+            return [Finding("warn", what, f"nv-hostengine runs (pid {pid}) but `dcgmi "
+                            f"discovery -l` fails ({last}): check the host engine's log "
+                            "(journalctl -u nvidia-dcgm)")]
+    if where is None:
+        from slurm_colloc.gpu.dcgm import DCGM_PYTHON_DIRS
+
+        return [Finding("warn", what, f"nv-hostengine runs (pid {pid}) but DCGM's Python "
+                        f"bindings (DcgmReader) are not in {', '.join(DCGM_PYTHON_DIRS)} nor "
+                        "importable: the collector uses NVML utilization only")]
+    return [Finding("ok", what, f"nv-hostengine running (pid {pid}), bindings {where}: "
+                    "SM activity and occupancy measured")]
+
+
+def _fstab_binds(paths: list[Path]) -> list[str]:
+    """Source fields of the fstab-style lines in ``paths`` (enroot's mounts.d)."""
+    out: list[str] = []
+    for p in paths:
+        try:
+            text = p.read_text(errors="replace")
+        except OSError:
+            continue
+        for raw in text.splitlines():
+            words = raw.split("#", 1)[0].split()
+            if words:
+                out.append(words[0])
+    return out
+
+
+def _apptainer_binds(paths: list[Path]) -> list[str]:
+    """``bind path = SRC[:DST]`` sources of apptainer.conf / singularity.conf."""
+    out: list[str] = []
+    for p in paths:
+        try:
+            text = p.read_text(errors="replace")
+        except OSError:
+            continue
+        for raw in text.splitlines():
+            m = re.match(r"\s*bind path\s*=\s*(\S+)", raw.split("#", 1)[0])
+            if m:
+                out.append(m.group(1).split(":", 1)[0])
+    return out
+
+
+def _covers(sources: list[str], target: str) -> bool:
+    """A bind of one of ``sources`` makes ``target`` visible at the same path."""
+    t = os.path.normpath(target)
+    return any(t == os.path.normpath(s) or t.startswith(os.path.normpath(s).rstrip("/") + "/")
+               for s in sources if s.startswith("/"))
+
+
+def check_containers(cfg: CollocConfig, slurm_conf: Path | None = None, *,
+                     which: Which = shutil.which, etc: Path = Path("/etc")) -> list[Finding]:
+    """Container runtimes on the node must show jobs the MPS pipe directory.
+
+    The TaskProlog exports ``CUDA_MPS_PIPE_DIRECTORY`` (a directory under ``mps_root``);
+    a job in a container that cannot see it opens its own CUDA context outside MPS (no
+    per-process cap; the collector flags it). So where enroot/pyxis or Apptainer is
+    installed, ``mps_root`` must be bind-mounted at the same path: a warning with the
+    exact option unless the runtime's site configuration already does it.
+    """
+    root = cfg.mps_root
+    out: list[Finding] = []
+    pyxis = False
+    if slurm_conf is not None and slurm_conf.exists():
+        conf = read_conf(slurm_conf)
+        plugstack = Path(conf.get("plugstackconfig", str(slurm_conf.parent / "plugstack.conf")))
+        pyxis = any(Path(p).name == "spank_pyxis.so" for p in _plugstack_plugins(plugstack))
+    enroot = which("enroot") is not None or (etc / "enroot").is_dir()
+    if enroot or pyxis:
+        names = " + ".join(n for n, on in (("enroot", enroot), ("pyxis", pyxis)) if on)
+        fstabs = sorted((etc / "enroot" / "mounts.d").glob("*.fstab"))
+        if _covers(_fstab_binds(fstabs), root):
+            out.append(Finding("ok", f"containers: {names}", f"{etc}/enroot/mounts.d binds "
+                               f"{root}"))
+        else:
+            out.append(Finding("warn", f"containers: {names}", f"containers must see the MPS "
+                               f"pipe directory {root}: add the line `{root} {root} none "
+                               f"x-create=dir,bind,ro,nosuid,nodev` to "
+                               f"{etc}/enroot/mounts.d/90-colloc.fstab (every container; "
+                               f"per job: srun --container-mounts={root}:{root}:ro)"))
+    for tool in ("apptainer", "singularity"):
+        if which(tool) is None:
+            continue
+        conf_file = etc / tool / f"{tool}.conf"
+        if _covers(_apptainer_binds([conf_file]), root):
+            out.append(Finding("ok", f"containers: {tool}", f"{conf_file} binds {root}"))
+        else:
+            out.append(Finding("warn", f"containers: {tool}", f"containers must see the MPS "
+                               f"pipe directory {root}: add `bind path = {root}` to "
+                               f"{conf_file} (per job: {tool} exec --bind {root}:{root}:ro "
+                               f"...; with --cleanenv also --env CUDA_MPS_PIPE_DIRECTORY="
+                               "$CUDA_MPS_PIPE_DIRECTORY)"))
+    if not out:
+        out.append(Finding("ok", "containers", "no enroot, pyxis, apptainer or singularity "
+                           "here: nothing to bind"))
+    return out
+
+
+_VERSION_PROBE = "import slurm_colloc; print(slurm_colloc.__version__)"
+
+
+def script_version(path: Path, run: Runner = _run, depth: int = 0) -> tuple[str | None, str]:
+    """(slurm-colloc version a console script runs, how it was found).
+
+    A console script's ``#!`` names its Python: this interpreter means this version;
+    another is asked. A shell wrapper (``exec /opt/colloc/bin/colloc-prolog "$@"``, as
+    the devcluster writes) is followed once.
+    """
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096).decode("utf-8", errors="replace")
+    except OSError as e:
+        return None, f"{path}: {e.strerror}"
+    first = head.splitlines()[0] if head else ""
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and "python" in Path(words[-1] if words[0].endswith("/env") else words[0]).name:
+        interp = words[0] if not words[0].endswith("/env") else words[-1]
+        if os.path.abspath(interp) == os.path.abspath(sys.executable):
+            return __version__, f"{path} (this installation)"
+        rc, text = run([interp, "-c", _VERSION_PROBE])
+        lines = text.strip().splitlines()
+        if rc == 0 and lines:
+            return lines[-1].strip(), f"{path} ({interp})"
+        return None, f"{path}: {interp} cannot import slurm_colloc"
+    m = re.search(r"^\s*exec\s+(/\S+)", head, re.M)
+    if m and depth == 0:
+        return script_version(Path(m.group(1)), run, depth + 1)
+    return None, f"{path}: not a console script of slurm-colloc"
+
+
+def check_scripts(slurm_conf: Path | None = None, *, which: Which = shutil.which,
+                  run: Runner = _run) -> list[Finding]:
+    """The colloc programs this host runs are the version running this doctor.
+
+    ``colloc`` and ``colloc-report`` on PATH (users run them; the cli_filter names
+    ``colloc`` by path) and the node scripts slurm.conf names: a node left on an old
+    wheel after an upgrade runs old node scripts under new job_submit records.
+    """
+    out: list[Finding] = []
+    targets: list[tuple[str, Path | None]] = [(n, Path(p) if (p := which(n)) else None)
+                                              for n in ("colloc", "colloc-report")]
+    if slurm_conf is not None and slurm_conf.exists():
+        conf = read_conf(slurm_conf)
+        targets += [(f"slurm.conf {k} version", Path(conf[k]))
+                    for k in ("prolog", "taskprolog", "epilog") if conf.get(k)]
+    for name, path in targets:
+        if path is None:
+            out.append(Finding("warn", f"{name} on PATH", f"not found: users here need it; "
+                               f"link {Path(sys.executable).parent / name} into "
+                               "/usr/local/bin"))
+            continue
+        what = name if name.startswith("slurm.conf") else f"{name} on PATH"
+        if not path.exists():
+            continue  # check_node already failed it
+        version, how = script_version(path, run)
+        if version is None:
+            out.append(Finding("warn", what, f"cannot tell its version: {how}"))
+        elif version != __version__:
+            out.append(Finding("fail", what, f"{how} is slurm-colloc {version}, this doctor "
+                               f"{__version__}: install the same wheel on every host (or fix "
+                               "PATH)"))
+        else:
+            out.append(Finding("ok", what, f"{how}: {version}"))
+    return out

@@ -98,7 +98,10 @@ def _node(tmp_path: Path, conf_lines: str, **cfg: object) -> dict[str, doctor.Fi
     slurm_conf = tmp_path / "slurm.conf"
     slurm_conf.write_text(conf_lines)
     config = CollocConfig(mps_root=str(tmp_path / "mps"), **cfg)  # type: ignore[arg-type]
-    return {f.what: f for f in doctor.check_node(config, slurm_conf)}
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    (dev / "nvidia0").touch()  # a GPU node
+    return {f.what: f for f in doctor.check_node(config, slurm_conf, dev=dev)}
 
 
 def test_node_wiring_points_at_programs_that_exist_here(tmp_path: Path) -> None:
