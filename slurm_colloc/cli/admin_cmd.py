@@ -53,8 +53,14 @@ lib_dir_option = click.option(
 @click.option("--apply", "apply_", is_flag=True,
               help="Build the plugin and write the files; without it nothing is written.")
 @click.option("--force", is_flag=True, help="Replace Lua filters not written by colloc.")
+@click.option("--chain-job-submit", "chain_path", default=None,
+              type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="The site's own job_submit.lua: embedded into colloc's (Slurm loads only "
+                   "one), its slurm_job_submit/slurm_job_modify run first and a refusal of "
+                   "theirs stands. Re-run install after changing it.")
 def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, ...],
-            slurm_include: Path | None, apply_: bool, force: bool) -> None:
+            slurm_include: Path | None, apply_: bool, force: bool,
+            chain_path: Path | None) -> None:
     """Print (dry run) or, with --apply, write the site set-up, per role.
 
     A dry run by default: on a real controller a surprise write next to slurm.conf is
@@ -62,6 +68,10 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     """
     conf = _slurm_conf(slurm_conf)
     cfg = _load_config()
+    try:
+        chain = site.load_site_job_submit(chain_path) if chain_path else None
+    except site.InstallError as e:
+        raise click.ClickException(str(e)) from e
     slurm_user = doctor_mod.read_conf(conf).get("slurmuser", "root") if conf.exists() else "root"
     try:
         uids = [0, pwd.getpwnam(slurm_user).pw_uid]
@@ -71,7 +81,8 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
         settings = site.settings_from_config(
             cfg, gpu_memory_mib=min(gpu_memory_mib) if gpu_memory_mib else None,
             trusted_uids=uids)
-        types = site.node_types(cfg, gpu_memory_mib or [settings.gpu_memory_mib])
+        types = site.node_types(cfg, [*(gpu_memory_mib or [settings.gpu_memory_mib]),
+                                      *(p.gpu_memory_mib for p in settings.shared_partitions)])
     except (site.InstallError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     except GpuBackendError as e:  # the controller often has no GPU to detect
@@ -82,13 +93,14 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     except site.InstallError as e:
         headers, missing = None, str(e)
     if not apply_:
-        click.echo(site.render_plan(conf.parent, lib_dir, settings, types, headers=headers),
-                   nl=False)
+        click.echo(site.render_plan(conf.parent, lib_dir, settings, types, headers=headers,
+                                    chain=chain), nl=False)
         if missing:
             click.echo(f"\nwarning: {missing}")
         return
     try:
-        res = site.install(conf.parent, lib_dir, settings, force=force, include=slurm_include)
+        res = site.install(conf.parent, lib_dir, settings, force=force, include=slurm_include,
+                           chain=chain)
     except site.InstallError as e:
         raise click.ClickException(str(e)) from e
     for p in res.written:
@@ -96,6 +108,8 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     click.echo(f"\nshard = {settings.shard_mib} MiB, GPU = {settings.gpu_memory_mib} MiB, "
                f"{settings.jobs_mib} MiB for jobs ({settings.shards_per_gpu} shards), "
                f"estimator = {settings.estimator}")
+    for line in site.scope_lines(settings, chain):
+        click.echo(line)
     click.echo(f"\n# add to {conf} (then: scontrol reconfigure)")
     for line in site.site_slurm_conf(conf.parent):
         click.echo(line)

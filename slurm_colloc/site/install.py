@@ -7,6 +7,7 @@ writes files. Nothing here needs a running Slurm.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
@@ -35,6 +37,112 @@ class InstallError(RuntimeError):
     """The site files cannot be built or written as asked."""
 
 
+_PARTITION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class SharedPartition:
+    """A partition whose GPUs are shared (colloc.conf ``shared_partitions``)."""
+
+    name: str
+    gpu_memory_mib: int
+    """Memory of the partition's smallest GPU."""
+    usable_mib: int
+    """What jobs can have of one of its GPUs (:mod:`slurm_colloc.gpu.budget`)."""
+
+    def shards_per_gpu(self, shard_mib: int) -> int:
+        """Whole shards one of its GPUs offers."""
+        return self.usable_mib // shard_mib
+
+
+def parse_shared_partitions(entries: Sequence[str]) -> list[tuple[str, int | None]]:
+    """``NAME`` / ``NAME:GPU_MIB`` entries -> (name, GPU MiB or None), checked."""
+    out: list[tuple[str, int | None]] = []
+    for entry in entries:
+        name, sep, size = str(entry).strip().partition(":")
+        if not _PARTITION_NAME.match(name):
+            raise InstallError(
+                f"shared_partitions: {entry!r}: expected NAME or NAME:GPU_MIB (a Slurm "
+                "partition name of letters, digits, '_', '.', '-')")
+        mib: int | None = None
+        if sep:
+            if not size.isdigit() or int(size) <= 0:
+                raise InstallError(
+                    f"shared_partitions: {entry!r}: GPU_MIB must be a positive number of MiB")
+            mib = int(size)
+        if any(n == name for n, _ in out):
+            raise InstallError(f"shared_partitions: {name} is listed twice")
+        out.append((name, mib))
+    return out
+
+
+@dataclass(frozen=True)
+class SiteScript:
+    """A site's own job_submit.lua, embedded into colloc's (``--chain-job-submit``)."""
+
+    path: str
+    text: str
+
+
+_DEFINES_SUBMIT = re.compile(
+    r"(?m)^[ \t]*(?:function[ \t]+slurm_job_submit[ \t]*\("
+    r"|slurm_job_submit[ \t]*=[ \t]*function\b)")
+
+
+def _lua51_syntax_error(text: str, name: str) -> str | None:
+    """Lua 5.1's complaint about ``text`` (compiled, never run), or None.
+
+    lupa's Lua 5.1 runtime (LuaJIT) when installed, else ``luac5.1 -p``; with neither,
+    only the basic checks of :func:`check_site_job_submit` are made.
+    """
+    try:
+        lua51: Any = importlib.import_module("lupa.lua51")
+    except ImportError:
+        lua51 = None
+    if lua51 is not None:
+        rt = lua51.LuaRuntime(unpack_returned_tuples=True)
+        res = rt.globals().loadstring(text, "=" + name)
+        if isinstance(res, tuple) and res and res[0] is None:
+            return str(res[1])
+        return None
+    luac = shutil.which("luac5.1")
+    if luac:
+        with tempfile.NamedTemporaryFile("w", suffix=".lua") as f:
+            f.write(text)
+            f.flush()
+            cp = subprocess.run([luac, "-p", f.name], capture_output=True, text=True,
+                                check=False)
+        if cp.returncode != 0:
+            return (cp.stderr.strip() or "luac5.1 -p failed").replace(f.name, name)
+    return None
+
+
+def check_site_job_submit(text: str, name: str) -> SiteScript:
+    """The site's script, or :class:`InstallError` saying why it cannot be chained."""
+    if "\0" in text:
+        raise InstallError(f"{name}: not a Lua script (it holds NUL bytes)")
+    if "job_submit.lua of slurm-colloc" in text:
+        raise InstallError(
+            f"{name} is colloc's own job_submit.lua; chain the site's original script")
+    err = _lua51_syntax_error(text, name)
+    if err:
+        raise InstallError(f"{name} is not valid Lua 5.1 (Debian's Slurm runs Lua 5.1): {err}")
+    if not _DEFINES_SUBMIT.search(text):
+        raise InstallError(
+            f"{name} defines no slurm_job_submit (a global `function slurm_job_submit(...)`): "
+            "not a job_submit.lua to chain")
+    return SiteScript(name, text)
+
+
+def load_site_job_submit(path: Path) -> SiteScript:
+    """Read and check a site's job_submit.lua for ``--chain-job-submit``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InstallError(f"--chain-job-submit {path}: cannot read it: {e}") from e
+    return check_site_job_submit(text, str(path))
+
+
 @dataclass(frozen=True)
 class SiteSettings:
     """The constants written into the Lua filters at install time."""
@@ -49,6 +157,9 @@ class SiteSettings:
     estimate_timeout_s: float = 30.0
     trusted_uids: tuple[int, ...] = (0,)
     timeout_bin: str = "/usr/bin/timeout"
+    shared_partitions: tuple[SharedPartition, ...] = ()
+    """Partitions whose GPUs are shared, in colloc.conf's order (the first takes
+    ``--colloc`` jobs without a partition). Empty: colloc is opt-in per job."""
 
     def __post_init__(self) -> None:
         if self.jobs_mib < self.shard_mib:
@@ -57,6 +168,17 @@ class SiteSettings:
                 f"smaller than one shard ({self.shard_mib} MiB); set gpu_memory_mib, or "
                 "lower mps_server_mib / gpu_reserved_mib, in colloc.conf"
             )
+        names = [p.name for p in self.shared_partitions]
+        if len(set(names)) != len(names):
+            raise InstallError(f"shared_partitions: a partition is listed twice ({names})")
+        for p in self.shared_partitions:
+            if not _PARTITION_NAME.match(p.name):
+                raise InstallError(f"shared_partitions: {p.name!r} is not a partition name")
+            if p.usable_mib < self.shard_mib:
+                raise InstallError(
+                    f"shared_partitions: {p.name}: a {p.gpu_memory_mib} MiB GPU leaves "
+                    f"{p.usable_mib} MiB for jobs, smaller than one shard ({self.shard_mib} "
+                    "MiB); fix its GPU_MIB, or lower mps_server_mib / gpu_reserved_mib")
         if self.estimator_command and not os.path.isabs(self.estimator_command):
             raise InstallError(
                 f"estimator_command = {self.estimator_command!r}: must be an absolute path "
@@ -108,13 +230,22 @@ def settings_from_config(
 
     Shards divide what jobs can use of the smallest GPU (:mod:`slurm_colloc.gpu.budget`).
     """
+    parts = parse_shared_partitions(cfg.shared_partitions)
+    sized = [m for _, m in parts if m]
     mem = gpu_memory_mib or cfg.gpu_memory_mib
+    if not mem and parts and len(sized) == len(parts):
+        mem = min(sized)  # every shared partition has its size: nothing to detect
     if mem:
         usable = budget(cfg, mem).usable_mib
     else:
         gpus = detect_gpus(cfg)
         small = min(gpus, key=lambda g: budget_of(cfg, g).usable_mib)
         mem, usable = small.memory_total_mib, budget_of(cfg, small).usable_mib
+    shared = tuple(
+        SharedPartition(name, m, budget(cfg, m).usable_mib) if m
+        else SharedPartition(name, mem, usable)
+        for name, m in parts
+    )
     return SiteSettings(
         shard_mib=cfg.shard_mib,
         gpu_memory_mib=mem,
@@ -123,6 +254,7 @@ def settings_from_config(
         estimator_command=cfg.estimator_command,
         estimate_timeout_s=cfg.estimate_timeout_s,
         trusted_uids=tuple(sorted(set(trusted_uids) | {0})),
+        shared_partitions=shared,
     )
 
 
@@ -147,19 +279,45 @@ def _with_settings(text: str, body: list[str], name: str) -> str:
     return out
 
 
-def render_job_submit(s: SiteSettings) -> str:
-    """job_submit.lua with the site's constants."""
+_CHAIN_MARKER = "-- @@SITE_CHAIN@@\n"
+
+
+def _lua_long_string(text: str) -> str:
+    """``text`` as a Lua long string whose closing bracket it does not hold."""
+    level = 0
+    while f"]{'=' * level}]" in text:
+        level += 1
+    eq = "=" * level
+    # the newline after the opening bracket is dropped by Lua; the one before the
+    # closing one only ends the script's last line
+    return f"[{eq}[\n{text}\n]{eq}]"
+
+
+def render_job_submit(s: SiteSettings, chain: SiteScript | None = None) -> str:
+    """job_submit.lua with the site's constants (and the site's own script, chained)."""
     uids = ", ".join(f"[{u}] = true" for u in s.trusted_uids)
-    return _with_settings(
+    names = ", ".join(_lua_string(p.name) for p in s.shared_partitions)
+    sizes = ", ".join(f"[{_lua_string(p.name)}] = {p.usable_mib}" for p in s.shared_partitions)
+    text = _with_settings(
         _source("lua", "job_submit.lua"),
         [
             f"shard_mib = {s.shard_mib}",
             f"gpu_memory_mib = {s.jobs_mib}",  # what jobs can have of one GPU
             f"default_colloc_mib = {s.default_colloc_mib}",
             f"trusted_uids = {{ {uids} }}",
+            f"shared_partitions = {{ {names} }}",  # in order: the first takes --colloc jobs
+            f"partition_gpu_mib = {{ {sizes} }}",  # usable MiB of one GPU per partition
         ],
         "job_submit.lua",
     )
+    if text.count(_CHAIN_MARKER) != 1:
+        raise InstallError("job_submit.lua: chain marker not found (damaged package?)")
+    if chain is not None:
+        block = (f"-- chained: {chain.path}, embedded by colloc admin install\n"
+                 f"SITE_CHAIN = {{ name = {_lua_string(chain.path)}, "
+                 f"text = {_lua_long_string(chain.text)} }}\n")
+        text = text.replace(_CHAIN_MARKER, block, 1)
+    return text
 
 
 def render_cli_filter(s: SiteSettings) -> str:
@@ -338,7 +496,7 @@ def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
 
 def install(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, *, force: bool = False,
-    cc: str | None = None, include: Path | None = None,
+    cc: str | None = None, include: Path | None = None, chain: SiteScript | None = None,
 ) -> InstallResult:
     """Build the plugin into ``lib_dir``; write the Lua filters and plugstack drop-in.
 
@@ -346,17 +504,30 @@ def install(
     ``cli_filter.lua`` from there). plugstack: ``plugstack.conf.d/colloc.conf`` is
     always written; ``plugstack.conf`` is created (including the drop-in directory)
     when missing, and left alone with a note when it exists without that include.
+    ``chain``: the site's own job_submit.lua, embedded to run first; when it is the
+    file being replaced, a copy is kept as ``job_submit.lua.pre-colloc``.
     """
     res = InstallResult()
     conf_dir.mkdir(parents=True, exist_ok=True)
+    js_text = render_job_submit(settings, chain)  # before building: fail early
     plugin = build_spank_plugin(lib_dir / PLUGIN_NAME, cc=cc, include=include)
     res.written.append(plugin)
-    for name, text in (
-        ("job_submit.lua", render_job_submit(settings)),
-        ("cli_filter.lua", render_cli_filter(settings)),
+    js = conf_dir / "job_submit.lua"
+    js_force = force
+    if chain is not None and js.exists() and js.resolve() == Path(chain.path).resolve():
+        backup = conf_dir / "job_submit.lua.pre-colloc"
+        if not backup.exists():
+            shutil.copy2(js, backup)
+            res.written.append(backup)
+        js_force = True  # the admin named it: it lives on inside colloc's
+        res.notes.append(f"{js} now holds the site's script chained before colloc's; "
+                         f"the original is kept as {backup}")
+    for path, text, frc in (
+        (js, js_text, js_force),
+        (conf_dir / "cli_filter.lua", render_cli_filter(settings), force),
     ):
-        _write(conf_dir / name, text, force=force)
-        res.written.append(conf_dir / name)
+        _write(path, text, force=frc)
+        res.written.append(path)
     dropin = plugstack_dropin(conf_dir)
     dropin.parent.mkdir(exist_ok=True)
     _write(dropin, f"# slurm-colloc: sbatch --colloc\n{plugstack_line(plugin)}\n", force=True)
@@ -443,9 +614,27 @@ def planned_files(conf_dir: Path, lib_dir: Path) -> list[tuple[Path, str]]:
     ]
 
 
+def scope_lines(settings: SiteSettings, chain: SiteScript | None = None) -> list[str]:
+    """What job_submit.lua will touch, in words (dry run and --apply)."""
+    if settings.shared_partitions:
+        out = ["shared partitions (their one-GPU jobs become whole GPUs as shards; "
+               "--colloc jobs go to the first):"]
+        out += [f"  {p.name}: {p.gpu_memory_mib} MiB GPU, {p.usable_mib} MiB for jobs, "
+                f"{p.shards_per_gpu(settings.shard_mib)} shards per GPU"
+                for p in settings.shared_partitions]
+        out.append("jobs in other partitions are never touched")
+    else:
+        out = ["shared partitions: none (opt-in: only --colloc and --gres=shard jobs are "
+               "handled; other GPU jobs are left as submitted)"]
+    if chain is not None:
+        out.append(f"chained: {chain.path} (embedded; its slurm_job_submit runs first)")
+    return out
+
+
 def render_plan(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, types: Sequence[NodeType] = (),
     *, bin_dir: Path | None = None, headers: Path | str | None = None,
+    chain: SiteScript | None = None,
 ) -> str:
     """The whole site set-up as text, per role: what ``--apply`` writes, what to add."""
     slurm_conf = conf_dir / "slurm.conf"
@@ -463,7 +652,8 @@ def render_plan(
     out += ["## controller (slurmctld)",
             f"job_submit.lua next to slurm.conf ({conf_dir}/job_submit.lua); rewrites "
             f"--colloc jobs into shards of {settings.jobs_mib} MiB GPUs "
-            f"({settings.shards_per_gpu} shards per GPU)", ""]
+            f"({settings.shards_per_gpu} shards per GPU)",
+            *(f"# {line}" for line in scope_lines(settings, chain)), ""]
     out += ["## login / submit hosts",
             f"cli_filter.lua in {conf_dir}/, {plugin} and the plugstack files as above;",
             f"colloc installed so that {settings.estimator} exists", ""]

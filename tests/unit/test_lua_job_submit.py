@@ -8,11 +8,18 @@ import pytest
 
 lupa = pytest.importorskip("lupa.lua51", reason="lupa (dev extra) runs the Lua filters")
 
-from slurm_colloc.site.install import SiteSettings, render_job_submit  # noqa: E402
+from slurm_colloc.site.install import (  # noqa: E402
+    SharedPartition,
+    SiteScript,
+    SiteSettings,
+    render_job_submit,
+)
 from slurm_colloc.site.record import parse_record  # noqa: E402
 
 NO_VAL = 4294967294
-SETTINGS = SiteSettings(shard_mib=1024, gpu_memory_mib=40960, trusted_uids=(0, 64030))
+# like the devcluster: its one partition "gpu" (Slurm's default) is listed as shared
+SETTINGS = SiteSettings(shard_mib=1024, gpu_memory_mib=40960, trusted_uids=(0, 64030),
+                        shared_partitions=(SharedPartition("gpu", 40960, 40960),))
 
 
 # Slurm 22.05 (src/lua/slurm_lua.c) defines the log functions in Lua as
@@ -33,8 +40,20 @@ _JOB = """function(store)
 end"""
 
 
+# part_list as slurmctld 22.05 passes it: partition records keyed by name, read through
+# an __index metamethod (job_submit_lua.c _part_rec_field: name, flag_default, ...).
+_PART = """function(name, is_default)
+    return setmetatable({}, { __index = function(_, k)
+        if k == "name" then return name end
+        if k == "flag_default" then return is_default end
+        return nil
+    end })
+end"""
+
+
 class Harness:
-    def __init__(self, settings: SiteSettings = SETTINGS) -> None:
+    def __init__(self, settings: SiteSettings = SETTINGS, chain: SiteScript | None = None,
+                 partitions: tuple[str, ...] = ("gpu",), default: str | None = "gpu") -> None:
         self.lua = lupa.LuaRuntime(unpack_returned_tuples=True)
         self.user_msgs: list[str] = []
         self.info: list[str] = []
@@ -48,7 +67,11 @@ class Harness:
         fake.log_debug = log(lambda s: None)
         self.lua.globals().slurm = fake
         self._job = self.lua.eval(_JOB)
-        self.lua.execute(render_job_submit(settings))
+        part = self.lua.eval(_PART)
+        self.part_list = self.lua.eval("{}")
+        for name in partitions:
+            self.part_list[name] = part(name, 1 if name == default else 0)
+        self.lua.execute(render_job_submit(settings, chain))
 
     def job(self, **fields: Any) -> Any:
         """A job_desc/job_rec proxy holding ``fields`` (set as Slurm would, not via Lua)."""
@@ -65,7 +88,7 @@ class Harness:
                 env[i] = f"_SLURM_SPANK_OPTION_colloc_{k}={v}"
             fields["spank_job_env"] = env
         job = self.job(**fields)
-        rc = self.lua.globals().slurm_job_submit(job, None, uid)
+        rc = self.lua.globals().slurm_job_submit(job, self.part_list, uid)
         return rc, job
 
 

@@ -4,6 +4,21 @@ job_submit.lua of slurm-colloc: runs inside slurmctld for every submission.
 Pure Lua 5.1: no process spawns, no file reads, a few string operations per job.
 Site constants are written into the COLLOC table below by `colloc admin install`.
 
+Scope (COLLOC.shared_partitions, from colloc.conf's shared_partitions):
+  empty (the default): opt-in per job. Only --colloc jobs and plain --gres=shard jobs
+    are handled; every other job, GPU jobs included, is left exactly as submitted.
+  listed: the partitions whose nodes offer shards (each with its own GPU size,
+    COLLOC.partition_gpu_mib). A --colloc job without a partition goes to the first
+    listed one; one naming partitions is narrowed to the listed ones among them whose
+    GPU can hold it, and refused if none is listed. Whole-GPU jobs are handled only
+    when they would run in a listed partition (below); jobs in other partitions are
+    never touched. A job without a partition runs in Slurm's default partition, found
+    in part_list (flag_default); unknown = not listed.
+Chaining: Slurm loads one job_submit.lua. `colloc admin install --chain-job-submit
+PATH` embeds the site's own script below (SITE_CHAIN); it is loaded once with this
+file, and its slurm_job_submit/slurm_job_modify run first: a refusal of theirs is the
+answer, otherwise colloc's logic runs on the job as they left it.
+
 What it does for a job that asked for --colloc (SPANK option present in
 job_desc.spank_job_env as _SLURM_SPANK_OPTION_colloc_<opt>=VALUE):
   1. rejects contradictions: --gres=gpu / --gpus* / --gres=shard together with
@@ -32,27 +47,32 @@ per node in one entry and fit one GPU).
 
 Whole GPUs next to shards: Slurm 22.05 does not keep gres/gpu and gres/shard apart
 (seen on the devcluster: a --gres=gpu:1 job was given GPU 0 while three shard jobs ran
-on it). So a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1], --gpus=1 on one node,
---gpus-per-node=1) becomes all the shards of one GPU (mode=whole: the node scripts run
-it without MPS; the job's other gres stay); a job that may hold more than one GPU of a
-node (several GPUs, --gpus on several nodes, --gpus-per-task, --gpus-per-socket) gets
-its nodes exclusively (no shared job can land on its GPUs, nothing is squeezed onto one
-GPU). A job asking for whole GPUs and shards together is refused.
+on it). So in a listed partition a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1],
+--gpus=1 on one node, --gpus-per-node=1) becomes all the shards of one GPU of that
+partition (mode=whole: the node scripts run it without MPS; the job's other gres stay),
+and a job that may hold more than one GPU of a node (several GPUs, --gpus on several
+nodes, --gpus-per-task, --gpus-per-socket) gets its nodes exclusively (no shared job
+can land on its GPUs, nothing is squeezed onto one GPU); so does a one-GPU job whose
+partitions mix listed and other partitions, or listed ones of different GPU sizes (no
+single shard count fits them all). A job asking for whole GPUs and shards together is
+refused.
 
 All GPU requests are read from every TRES field (tres_per_node/job/socket/task), gres
 entries "gres:NAME[:TYPE][:COUNT]" (also "gres/"); an entry naming gpu or shard that
-cannot be read is refused, never ignored.
+cannot be read is refused, never ignored (outside the job's scope only when it names
+shard).
 
 AdminComment belongs to this script: whatever a submitter put there is cleared
 (root/SlurmUser may keep a note of their own that is not a colloc record); the record is
 written only from values computed or validated here.
 
 slurm_job_modify: root/SlurmUser (the epilog's requeue raising shards and rewriting the
-record) pass. Users may not change the GPU request of a recorded job, nor add gpu or
-shard requests to any job by `scontrol update` (a user's update can neither carry the
-record, AdminComment being admin-only in Slurm, nor make the job exclusive, so it
-cannot be normalised the way a submission is: cancel and resubmit), nor write a
-colloc record into AdminComment.
+record) pass. Users may not change the GPU request of a recorded job, nor add shard
+requests to any job, nor gpu requests to a job that may run in a listed partition, by
+`scontrol update` (a user's update can neither carry the record, AdminComment being
+admin-only in Slurm, nor make the job exclusive, so it cannot be normalised the way a
+submission is: cancel and resubmit), nor move a recorded job, or a GPU job into a listed
+partition, to other partitions, nor write a colloc record into AdminComment.
 
 Messages: slurm.log_* take a printf FORMAT (22.05: string.format(unpack({...}))), so
 text that may hold user data is always passed as an argument ("%s").
@@ -64,7 +84,33 @@ local COLLOC = {
 	gpu_memory_mib = 40960,
 	default_colloc_mib = 0,
 	trusted_uids = { [0] = true },
+	shared_partitions = {},
+	partition_gpu_mib = {},
 }
+
+-- The site's own job_submit.lua, embedded by `colloc admin install --chain-job-submit`.
+local SITE_CHAIN = nil
+-- @@SITE_CHAIN@@
+
+-- Loaded once, with this file: the site's globals stay its own; its two entry points
+-- are kept here and the globals given back to colloc's (defined at the end).
+local site_submit, site_modify
+if SITE_CHAIN ~= nil then
+	local chunk, err = loadstring(SITE_CHAIN.text, "=" .. SITE_CHAIN.name)
+	if chunk then
+		local ok, lerr = pcall(chunk)
+		if not ok then chunk, err = nil, lerr end
+	end
+	if chunk and type(slurm_job_submit) == "function" then
+		site_submit = slurm_job_submit
+		if type(slurm_job_modify) == "function" then site_modify = slurm_job_modify end
+	else
+		slurm.log_error("colloc: the chained job_submit.lua %s did not load: %s; every "
+			.. "submission is refused", SITE_CHAIN.name,
+			tostring(err or "it defines no slurm_job_submit"))
+	end
+	slurm_job_submit, slurm_job_modify = nil, nil
+end
 
 local SPANK_PREFIX = "_SLURM_SPANK_OPTION_colloc_"
 local EST_PREFIX = "colloc-estimate:"
@@ -77,6 +123,7 @@ local MAX_ENV = 512
 local E_GRES = slurm.ESLURM_INVALID_GRES or 2072
 local E_NODES = slurm.ESLURM_INVALID_NODE_COUNT or 2006
 local E_ACCESS = slurm.ESLURM_ACCESS_DENIED or 2002
+local E_PART = slurm.ESLURM_INVALID_PARTITION_NAME or 2000
 
 local E_MAX_RECORD = 256 -- longest colloc-estimate record accepted from the comment
 
@@ -261,8 +308,8 @@ local function take_estimate(comment)
 	return e, rest, nil
 end
 
-local function shards_per_gpu()
-	return math.floor(COLLOC.gpu_memory_mib / COLLOC.shard_mib)
+local function shards_of(mib)
+	return math.floor(mib / COLLOC.shard_mib)
 end
 
 local function add_shards(tres, k)
@@ -275,6 +322,68 @@ local function is_trusted(uid)
 	return COLLOC.trusted_uids[tonumber(uid)] == true
 end
 
+-- ------------------------------------------------------------------ partitions
+local MAX_PARTS = 64
+
+local function sharing()
+	return #COLLOC.shared_partitions > 0
+end
+
+-- "a,b" -> { "a", "b" } (nil or "" -> {}).
+local function split_list(s)
+	local out = {}
+	if type(s) ~= "string" then return out end
+	for name in string.gmatch(s, "[^,%s]+") do
+		if #out >= MAX_PARTS then break end
+		out[#out + 1] = name
+	end
+	return out
+end
+
+-- Slurm's default partition among those the user may use (22.05: part_list is a table
+-- of partition records keyed by name, each with name and flag_default); nil if unknown.
+local function default_partition(part_list)
+	if type(part_list) ~= "table" then return nil end
+	for key, part in pairs(part_list) do
+		if type(part) == "table" or type(part) == "userdata" then
+			local flag = part.flag_default
+			if flag == 1 or flag == true then
+				local name = part.name
+				if type(name) ~= "string" then name = key end
+				if type(name) == "string" and name ~= "" then return name end
+			end
+		end
+	end
+	return nil
+end
+
+-- The partitions a job will run in: its own list, else Slurm's default (if known).
+local function job_partitions(partition, part_list)
+	local names = split_list(partition)
+	if #names > 0 then return names, true end
+	local d = default_partition(part_list)
+	if d then return { d }, false end
+	return {}, false
+end
+
+-- The listed partitions among names, with the smallest and largest usable GPU (MiB).
+local function shared_among(names)
+	local out, lo, hi = {}, nil, nil
+	for _, name in ipairs(names) do
+		local mib = COLLOC.partition_gpu_mib[name]
+		if mib then
+			out[#out + 1] = name
+			if not lo or mib < lo then lo = mib end
+			if not hi or mib > hi then hi = mib end
+		end
+	end
+	return out, lo, hi
+end
+
+local function shared_names()
+	return table.concat(COLLOC.shared_partitions, ",")
+end
+
 -- Nobody but this script writes AdminComment at submission: clear what the submitter
 -- gave (root/SlurmUser may keep a note of their own that is not a colloc record).
 local function scrub_admin_comment(job_desc, submit_uid)
@@ -284,6 +393,27 @@ local function scrub_admin_comment(job_desc, submit_uid)
 	job_desc.admin_comment = "" -- Slurm's setter turns "" into NULL
 	slurm.log_info("colloc: job_submit: uid %s: AdminComment given at submission dropped",
 		tostring(submit_uid))
+end
+
+-- Where a --colloc job runs and the usable MiB of one GPU there (largest, smallest);
+-- or (nil, error code) after refusing it. Narrows job_desc.partition to the listed
+-- partitions whose GPU can hold need (need unknown yet: nil).
+local function colloc_target(job_desc)
+	if not sharing() then
+		return {}, COLLOC.gpu_memory_mib, COLLOC.gpu_memory_mib
+	end
+	local names = split_list(job_desc.partition)
+	if #names == 0 then
+		local first = COLLOC.shared_partitions[1]
+		return { first }, COLLOC.partition_gpu_mib[first], COLLOC.partition_gpu_mib[first]
+	end
+	local shared, lo, hi = shared_among(names)
+	if #shared == 0 then
+		return nil, reject(E_PART, "--colloc jobs run in the partitions with shared GPUs (%s); "
+			.. "this job asked for %s. Submit with -p %s (or without -p), or drop --colloc",
+			shared_names(), string.sub(job_desc.partition, 1, 200), COLLOC.shared_partitions[1])
+	end
+	return shared, hi, lo
 end
 
 local function colloc_submit(job_desc, opts, req, submit_uid)
@@ -301,9 +431,12 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 		return reject(E_NODES, "--colloc jobs run on one GPU of one node; %d nodes requested",
 			min_nodes)
 	end
+	local targets, big_mib, small_mib = colloc_target(job_desc)
+	if not targets then return big_mib end -- the error code
 
-	local spg = shards_per_gpu()
+	local spg = shards_of(big_mib)
 	local gpu_cap = spg * COLLOC.shard_mib
+	local small_cap = shards_of(small_mib) * COLLOC.shard_mib
 	local mode, need, why, est
 	local comment_est, rest, err = take_estimate(job_desc.comment)
 	if opts.colloc_mem ~= nil then
@@ -323,23 +456,38 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 	else
 		mode = "default"
 		if COLLOC.default_colloc_mib > 0 then
-			need = math.min(COLLOC.default_colloc_mib, gpu_cap)
+			need = math.min(COLLOC.default_colloc_mib, small_cap)
 		else
-			need = gpu_cap
+			need = small_cap
 		end
 		if opts.colloc ~= nil and opts.colloc ~= "" then why = "no-estimate" else why = "no-size" end
 	end
 	if need > gpu_cap then
 		local src = "estimated"
 		if mode == "explicit" then src = "requested" end
+		local where = ""
+		if sharing() then where = " in partition " .. table.concat(targets, ",") end
 		return reject(E_GRES, "the job needs %d MiB of GPU memory (%s) but one GPU offers at most "
-			.. "%d MiB (%d shards of %d MiB); --colloc jobs run on one GPU. Reduce the batch size, "
-			.. "or submit without --colloc for multi-GPU training", need, src, gpu_cap, spg,
-			COLLOC.shard_mib)
+			.. "%d MiB (%d shards of %d MiB%s); --colloc jobs run on one GPU. Reduce the batch "
+			.. "size, or submit without --colloc for multi-GPU training", need, src, gpu_cap, spg,
+			COLLOC.shard_mib, where)
 	end
 	local shards = math.ceil(need / COLLOC.shard_mib)
 	if shards < 1 then shards = 1 end
 
+	if sharing() then
+		-- only the listed partitions whose GPU holds the job (at least the largest does)
+		local fit = {}
+		for _, name in ipairs(targets) do
+			if shards_of(COLLOC.partition_gpu_mib[name]) >= shards then fit[#fit + 1] = name end
+		end
+		local part = table.concat(fit, ",")
+		if part ~= job_desc.partition then
+			job_desc.partition = part
+			slurm.log_info("colloc: job_submit: uid %s: --colloc job sent to partition %s",
+				tostring(submit_uid), part)
+		end
+	end
 	job_desc.tres_per_node = add_shards(job_desc.tres_per_node, shards)
 	if min_nodes == nil or min_nodes == NO_VAL then job_desc.min_nodes = 1 end
 	job_desc.max_nodes = 1
@@ -359,14 +507,14 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 			.. "--colloc-batch-size=N or --colloc-mem=SIZE to share a GPU.",
 			why == "no-estimate" and "was the cli_filter bypassed?" or "no summary or size given",
 			shards * COLLOC.shard_mib, shards,
-			shards == spg and ", a whole GPU" or ""))
+			shards == shards_of(small_mib) and ", a whole GPU" or ""))
 	end
 	slurm.log_info("colloc: job_submit: uid %s: %s", tostring(submit_uid), rec)
 	return slurm.SUCCESS
 end
 
-local function plain_shard_submit(job_desc, req, submit_uid)
-	local spg = shards_per_gpu()
+-- spg: shards of one GPU where the job may run (the largest listed GPU among them).
+local function plain_shard_submit(job_desc, req, submit_uid, spg)
 	for f, _ in pairs(req.shard_fields) do
 		if f ~= "tres_per_node" then
 			return reject(E_GRES, "shards are GPU memory of one GPU per node: ask for them with "
@@ -395,62 +543,81 @@ local function without_gpus(r)
 	return table.concat(r.other, ",")
 end
 
-local function whole_gpu_submit(job_desc, req, submit_uid)
+local function exclusive(job_desc, submit_uid, why)
+	job_desc.shared = 0
+	slurm.log_info("colloc: job_submit: uid %s: %s: nodes given exclusively",
+		tostring(submit_uid), why)
+	return slurm.SUCCESS
+end
+
+-- A GPU job that may run in a listed partition. names: its partitions; shared, lo, hi:
+-- the listed ones among them and their smallest/largest usable GPU.
+local function whole_gpu_submit(job_desc, req, submit_uid, names, shared, lo, hi)
 	local min_nodes = job_desc.min_nodes
 	local one_node = min_nodes == nil or min_nodes == NO_VAL or min_nodes <= 1
 	local field, n = next(req.gpu_fields)
 	local single = next(req.gpu_fields, field) == nil and n == 1 and #req[field].gpu == 1
-	if single and (field == "tres_per_node" or (field == "tres_per_job" and one_node)) then
-		local spg = shards_per_gpu()
-		if field == "tres_per_job" then
-			job_desc.tres_per_job = without_gpus(req.tres_per_job) -- "" clears it
-		end
-		local keep = without_gpus(req.tres_per_node)
-		job_desc.tres_per_node = add_shards(keep, spg)
-		local rec = string.format("%smode=whole,need_mib=%d,shards=%d,shard_mib=%d,alloc_mib=%d",
-			RECORD_PREFIX, spg * COLLOC.shard_mib, spg, COLLOC.shard_mib, spg * COLLOC.shard_mib)
-		job_desc.admin_comment = rec
-		slurm.log_info("colloc: job_submit: uid %s: one whole GPU as %d shards: %s",
-			tostring(submit_uid), spg, rec)
-		return slurm.SUCCESS
+	if not (single and (field == "tres_per_node" or (field == "tres_per_job" and one_node))) then
+		-- May hold several GPUs of a node (several GPUs, --gpus over several nodes,
+		-- --gpus-per-task, --gpus-per-socket): Slurm 22.05 could put shard jobs on them,
+		-- and squeezing them onto one GPU would be wrong; take the nodes whole.
+		return exclusive(job_desc, submit_uid, string.format("%d GPUs (%s)", req.gpus, field))
 	end
-	-- May hold several GPUs of a node (several GPUs, --gpus over several nodes,
-	-- --gpus-per-task, --gpus-per-socket): Slurm 22.05 could put shard jobs on them,
-	-- and squeezing them onto one GPU would be wrong; take the nodes whole.
-	job_desc.shared = 0
-	slurm.log_info("colloc: job_submit: uid %s: %d GPUs (%s): nodes given exclusively",
-		tostring(submit_uid), req.gpus, field)
+	if #shared < #names or lo ~= hi then
+		-- one shard count cannot stand for one GPU in every partition it may run in
+		return exclusive(job_desc, submit_uid, "one GPU in partitions " .. table.concat(names, ",")
+			.. " (not all shared, or GPUs of different sizes)")
+	end
+	local spg = shards_of(lo)
+	if field == "tres_per_job" then
+		job_desc.tres_per_job = without_gpus(req.tres_per_job) -- "" clears it
+	end
+	local keep = without_gpus(req.tres_per_node)
+	job_desc.tres_per_node = add_shards(keep, spg)
+	local rec = string.format("%smode=whole,need_mib=%d,shards=%d,shard_mib=%d,alloc_mib=%d",
+		RECORD_PREFIX, spg * COLLOC.shard_mib, spg, COLLOC.shard_mib, spg * COLLOC.shard_mib)
+	job_desc.admin_comment = rec
+	slurm.log_info("colloc: job_submit: uid %s: one whole GPU as %d shards: %s",
+		tostring(submit_uid), spg, rec)
 	return slurm.SUCCESS
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
-	scrub_admin_comment(job_desc, submit_uid)
-	local req, err = gres_request(job_desc)
-	if not req then
-		return reject(E_GRES, "%s (expected gres:NAME[:TYPE][:COUNT])", err)
-	end
+local function colloc_job_submit(job_desc, part_list, submit_uid)
 	local opts = colloc_options(job_desc)
+	local req, err = gres_request(job_desc)
+	local names = job_partitions(job_desc.partition, part_list)
+	local shared, lo, hi = shared_among(names)
+	-- listed partitions: only jobs that may run in one of them; none listed: opt-in
+	local in_scope = sharing() and #shared > 0
+	if not req then
+		if opts ~= nil or in_scope or string.find(string.lower(err), "shard", 1, true) then
+			return reject(E_GRES, "%s (expected gres:NAME[:TYPE][:COUNT])", err)
+		end
+		return slurm.SUCCESS
+	end
 	if opts ~= nil then
 		return colloc_submit(job_desc, opts, req, submit_uid)
 	end
 	-- Not a --colloc job (an estimate record in its comment means nothing then).
-	if req.gpus > 0 and req.shards > 0 then
-		return reject(E_GRES, "a job cannot ask for whole GPUs and shards together (%d GPUs, "
-			.. "%d shards): ask for --gres=shard:N (GPU memory on one shared GPU) or for GPUs, "
-			.. "not both", req.gpus, req.shards)
-	end
 	if req.shards > 0 then
-		return plain_shard_submit(job_desc, req, submit_uid)
+		if sharing() and not in_scope then return slurm.SUCCESS end -- never touched
+		if req.gpus > 0 then
+			return reject(E_GRES, "a job cannot ask for whole GPUs and shards together (%d GPUs, "
+				.. "%d shards): ask for --gres=shard:N (GPU memory on one shared GPU) or for GPUs, "
+				.. "not both", req.gpus, req.shards)
+		end
+		return plain_shard_submit(job_desc, req, submit_uid,
+			shards_of(hi or COLLOC.gpu_memory_mib))
 	end
-	if req.gpus > 0 then
-		return whole_gpu_submit(job_desc, req, submit_uid)
+	if req.gpus > 0 and in_scope then
+		return whole_gpu_submit(job_desc, req, submit_uid, names, shared, lo, hi)
 	end
 	return slurm.SUCCESS
 end
 
 -- Changes by users (not root/SlurmUser). Slurm passes the requester's uid as the 4th
 -- argument; job_desc holds only the fields the update sets (others nil / NO_VAL).
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+local function colloc_job_modify(job_desc, job_rec, part_list, modify_uid)
 	local ac = job_rec.admin_comment
 	local recorded = starts_with(ac, RECORD_PREFIX)
 	local job = tostring(job_rec.job_id)
@@ -466,33 +633,79 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 		return reject(E_ACCESS, "job %s: its AdminComment holds slurm-colloc's record; only "
 			.. "root or SlurmUser may change it", job)
 	end
+	local mode = recorded and string.match(ac, "^colloc1:mode=([a-z]+)") or nil
+	local colloc_job = mode == "estimate" or mode == "explicit" or mode == "default"
+	-- where the job will run after this update (unknown: as if shared)
+	local part = job_desc.partition
+	if part == nil then part = job_rec.partition end
+	local shared = shared_among(split_list(part))
+	local may_share = sharing() and (#shared > 0 or #split_list(part) == 0)
 	local changes = false
 	for _, f in ipairs(TRES_FIELDS) do
 		if job_desc[f] ~= nil then changes = true end
 	end
 	if changes then
-		local mode = recorded and string.match(ac, "^colloc1:mode=([a-z]+)") or nil
-		if mode == "estimate" or mode == "explicit" or mode == "default" then
+		if colloc_job then
 			return reject(E_ACCESS, "job %s is a --colloc job: its GPU share is fixed at "
 				.. "submission; cancel it and resubmit with another --colloc-mem or summary", job)
 		end
 		local req, err = gres_request(job_desc)
-		if recorded or not req or req.mentions_gpu or req.mentions_shard then
+		if recorded or not req or req.mentions_shard or (req.mentions_gpu and may_share) then
 			return reject(E_ACCESS, "job %s: GPU and shard requests are fixed at submission on "
 				.. "this cluster (slurm-colloc records them then%s); cancel the job and resubmit "
 				.. "it with the new request", job, err and ": " .. err or "")
 		end
 	end
-	local n = job_desc.min_nodes
-	if recorded and n ~= nil and n ~= NO_VAL and n > 1 then
-		local mode = string.match(ac, "^colloc1:mode=([a-z]+)")
-		if mode == "estimate" or mode == "explicit" or mode == "default" then
-			return reject(E_NODES, "job %s is a --colloc job and runs on one node", job)
+	if job_desc.partition ~= nil and sharing() then
+		-- a recorded job's shards were sized for its partitions; a GPU job moved into a
+		-- shared partition would skip the whole-GPU conversion
+		local gpu_job = false
+		for _, f in ipairs(TRES_FIELDS) do
+			local r = gres_entries(job_rec[f])
+			if r == nil or #r.gpu > 0 then gpu_job = true end
 		end
+		if recorded or (gpu_job and #shared > 0) then
+			return reject(E_ACCESS, "job %s: the partition of a GPU job is fixed at submission "
+				.. "on this cluster (partitions with shared GPUs: %s); cancel the job and resubmit "
+				.. "it to the new partition", job, shared_names())
+		end
+	end
+	local n = job_desc.min_nodes
+	if colloc_job and n ~= nil and n ~= NO_VAL and n > 1 then
+		return reject(E_NODES, "job %s is a --colloc job and runs on one node", job)
 	end
 	return slurm.SUCCESS
 end
 
-slurm.log_info("colloc: job_submit.lua loaded (shard_mib=%d, gpu_memory_mib=%d)",
-	COLLOC.shard_mib, COLLOC.gpu_memory_mib)
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	scrub_admin_comment(job_desc, submit_uid)
+	if SITE_CHAIN ~= nil then
+		if not site_submit then
+			return reject(slurm.ERROR, "the site's job_submit.lua (run before colloc's) did not "
+				.. "load; please tell the administrators")
+		end
+		local rc = site_submit(job_desc, part_list, submit_uid)
+		if type(rc) == "number" and rc ~= slurm.SUCCESS then return rc end
+	end
+	return colloc_job_submit(job_desc, part_list, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	if SITE_CHAIN ~= nil then
+		if not site_submit then
+			return reject(slurm.ERROR, "the site's job_submit.lua (run before colloc's) did not "
+				.. "load; please tell the administrators")
+		end
+		if site_modify then
+			local rc = site_modify(job_desc, job_rec, part_list, modify_uid)
+			if type(rc) == "number" and rc ~= slurm.SUCCESS then return rc end
+		end
+	end
+	return colloc_job_modify(job_desc, job_rec, part_list, modify_uid)
+end
+
+slurm.log_info("colloc: job_submit.lua loaded (shard_mib=%d, gpu_memory_mib=%d, shared "
+	.. "partitions: %s%s)", COLLOC.shard_mib, COLLOC.gpu_memory_mib,
+	sharing() and shared_names() or "none, opt-in per job",
+	SITE_CHAIN ~= nil and "; chained after " .. SITE_CHAIN.name or "")
 return slurm.SUCCESS
