@@ -8,7 +8,9 @@ Contract (the cli_filter and sbatch templates depend on it):
 
 * ``--json``: exactly one JSON object on stdout with ``estimate_mib`` (int),
   ``estimator``, ``breakdown`` (MiB per component), ``margin_mib`` (int),
-  ``fingerprint`` (lowercase hex of the normalised summary) and ``uncertainty``.
+  ``fingerprint`` (lowercase hex of the normalised summary), ``uncertainty`` and
+  ``history_source`` (where measured peaks were looked for: ``accounting``,
+  ``sqlite`` or ``none`` with ``--no-history``).
 * Exit 0 on success; exit 2 with one line on stderr for bad input (unreadable,
   unparseable or oversized file, out-of-range batch size, unknown option value).
 
@@ -16,7 +18,10 @@ History (measured peaks of earlier runs) is read for the calling user only: the
 cli_filter runs this as the submitting user, so ``os.getuid()`` is whose jobs count
 (security issue 11, H3; policy in ``estimators/history.py``). The fingerprint is
 computed here from the summary file's contents, never taken from the environment or
-an argument.
+an argument. ``history_source`` (config) picks the store: ``accounting`` (default)
+asks slurmdbd for the user's completed jobs of the last ``history_days`` days and
+reads their records (:mod:`slurm_colloc.accounting.history`; slurmdbd down or slow is
+a warning on stderr and no history, never a failure); ``sqlite`` reads ``history_db``.
 
 It runs inside every ``sbatch --colloc``, so it must stay fast: no torch, no pandas,
 nothing imported that the default estimator does not need.
@@ -39,6 +44,10 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _warn(message: str) -> None:
+    click.echo(f"colloc estimate: warning: {' '.join(message.split())}", err=True)
+
+
 @click.command()
 @click.option("--summary", "summary_path", required=True, metavar="FILE",
               help="Model summary: torchinfo, torchsummary, print(model), Keras or colloc JSON.")
@@ -57,7 +66,7 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
              precision: str, estimator_name: str | None, model_factory: str | None,
              no_history: bool, as_json: bool) -> None:
     """Estimate the peak GPU memory (MiB, as nvidia-smi shows it) of a training job."""
-    from estimators import EstimatorInputError, SqliteHistory, read_summary_file
+    from estimators import EstimatorInputError, HistoryStore, SqliteHistory, read_summary_file
     from estimators import estimate as run_estimate
     from slurm_colloc.config import ConfigError, load
 
@@ -66,6 +75,17 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
     except ConfigError as e:
         _fail(str(e))
         return
+    history: HistoryStore | None = None
+    source = "none"
+    if no_history:
+        pass
+    elif cfg.history_source == "sqlite":
+        history, source = SqliteHistory(cfg.history_db, uid=os.getuid()), "sqlite"
+    else:
+        from slurm_colloc.accounting.history import AccountingHistory
+
+        history = AccountingHistory(uid=os.getuid(), days=cfg.history_days, warn=_warn)
+        source = "accounting"
     try:
         summary = read_summary_file(Path(summary_path))
         result = run_estimate(
@@ -75,14 +95,14 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
             optimizer=optimizer,
             precision=precision,
             estimator=estimator_name or cfg.estimator,
-            history=None if no_history else SqliteHistory(cfg.history_db, uid=os.getuid()),
+            history=history,
             model_factory=model_factory,
         )
     except EstimatorInputError as e:
         _fail(str(e))
         return
     if as_json:
-        click.echo(json.dumps(result.to_json(), sort_keys=True))
+        click.echo(json.dumps({**result.to_json(), "history_source": source}, sort_keys=True))
         return
     click.echo(f"{result.estimate_mib} MiB ({result.estimator}, margin {result.margin_mib} MiB, "
                f"fingerprint {result.fingerprint})")

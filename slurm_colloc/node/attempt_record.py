@@ -3,14 +3,22 @@
 The record lives in AdminComment next to job_submit's ``colloc1:`` text (kept as
 is) and is written by :mod:`slurm_colloc.node.record_writer` or, for a requeued job,
 by the epilog itself while the job is pending again.
+
+The estimate carries the estimator history's key (fingerprint, batch size, sequence
+length, optimizer, precision) from the prolog's root-only meta of the attempt, so the
+record alone lets ``colloc estimate`` on any host use the measured peak
+(:mod:`slurm_colloc.accounting.history`). Those values come from the job's own
+``--colloc-*`` options: they only ever count for the job's owner.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from slurm_colloc.accounting.record import Attempt, Estimate, MetricsSummary, OomInfo, Requeue
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.metrics import store
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.site.record import parse_record
 
@@ -30,17 +38,32 @@ def build_attempt(
     co_tenants: tuple[str, ...] = (),
     start: int | None = None,
 ) -> Attempt:
-    """The attempt ``ctx.restarts`` of the job as the report will show it."""
+    """The attempt ``ctx.restarts`` of the job as the report will show it.
+
+    The history key and (when ``start`` is not given) the start time come from the
+    prolog's meta of this attempt, if it has one for this job and owner.
+    """
     sub = parse_record(ctx.admin_comment)
+    meta = _meta(ctx, cfg)
+    key = Estimate(mib=0, estimator="")  # the history key alone
+    if meta is not None:
+        key = Estimate(mib=0, estimator="", batch_size=_pos_int(meta.batch_size),
+                       seq_len=_pos_int(meta.seq_len), optimizer=_word(meta.optimizer),
+                       precision=_word(meta.precision))
+        if start is None and isinstance(meta.start, (int, float)) and 0 < meta.start < 1 << 40:
+            start = int(meta.start)
+    fingerprint = sub.fingerprint if sub is not None else None
+    if not fingerprint and meta is not None:
+        fingerprint = _word(meta.fingerprint, 64)
     estimate = None
     if sub is not None and sub.est_mib:
-        estimate = Estimate(
-            mib=sub.est_mib, estimator=sub.estimator or "unknown",
+        estimate = replace(
+            key, mib=sub.est_mib, estimator=sub.estimator or "unknown",
             margin=float(sub.margin_mib) if sub.margin_mib is not None else None,
-            fingerprint=sub.fingerprint,
+            fingerprint=fingerprint,
         )
     elif sub is not None:
-        estimate = Estimate(mib=sub.need_mib, estimator=sub.mode)
+        estimate = replace(key, mib=sub.need_mib, estimator=sub.mode, fingerprint=fingerprint)
     whole = ctx.gpu_count > 0 or (shards_per_gpu is not None and ctx.shards >= shards_per_gpu)
     oom = None
     if cause != "none":
@@ -60,3 +83,24 @@ def build_attempt(
         limit_mib=limit, gpu=ctx.gpu, node=ctx.node or None, co_tenants=co_tenants,
         oom=oom, requeue=requeue, metrics=metrics, start=start, end=int(time.time()),
     )
+
+
+def _meta(ctx: JobContext, cfg: CollocConfig) -> store.JobMeta | None:
+    """The prolog's meta of this attempt, when it is this job's and this owner's."""
+    try:
+        meta = store.read_meta(cfg.metrics_dir, ctx.job_id, ctx.restarts)
+    except (OSError, ValueError):
+        return None
+    if meta is None or meta.job_id != ctx.job_id or meta.attempt != ctx.restarts:
+        return None
+    if meta.uid != ctx.uid:
+        return None
+    return meta
+
+
+def _pos_int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 31 else None
+
+
+def _word(v: object, limit: int = 32) -> str | None:
+    return v if isinstance(v, str) and 0 < len(v) <= limit else None

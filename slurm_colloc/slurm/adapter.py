@@ -107,6 +107,17 @@ class SlurmAdapter(abc.ABC):
     def accounting(self, job_ids: Sequence[int | str]) -> list[AccountingRecord]:
         """Accounting lines (allocation level, not steps) for these jobs."""
 
+    def finished_jobs_of_user(
+        self, user: str, since_days: int, *, timeout: float | None = None
+    ) -> list[AccountingRecord]:
+        """``user``'s jobs (allocations, every attempt) that COMPLETED in the last
+        ``since_days`` days, from slurmdbd; only records Slurm reports as ``user``'s.
+
+        Raises :class:`SlurmError` when slurmdbd cannot be asked (or in time): the
+        caller decides what "unknown" means. Adapters without it raise too.
+        """
+        raise SlurmError(f"{type(self).__name__} cannot list a user's finished jobs")
+
     @abc.abstractmethod
     def update_job(self, job_id: int | str, **settings: str) -> None:
         """``scontrol update jobid=N Key=Value ...`` for a job the controller still has."""
@@ -197,10 +208,13 @@ class SlurmCli(SlurmAdapter):
         return found
 
     def run(
-        self, tool: str, *args: str, input_text: str | None = None, check: bool = True
+        self, tool: str, *args: str, input_text: str | None = None, check: bool = True,
+        timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run one Slurm tool with argv (never a shell)."""
+        """Run one Slurm tool with argv (never a shell); ``timeout`` overrides the
+        adapter's own for this call."""
         argv = [self._tool(tool), *args]
+        limit = self._timeout if timeout is None else timeout
         try:
             cp = subprocess.run(
                 argv,
@@ -208,11 +222,11 @@ class SlurmCli(SlurmAdapter):
                 capture_output=True,
                 text=True,
                 env=self._env,
-                timeout=self._timeout,
+                timeout=limit,
                 check=False,
             )
         except subprocess.TimeoutExpired as e:
-            raise SlurmError(f"{' '.join(argv)}: timed out after {self._timeout:.0f}s") from e
+            raise SlurmError(f"{' '.join(argv)}: timed out after {limit:.0f}s") from e
         if check and cp.returncode != 0:
             raise SlurmError(
                 f"{' '.join(argv)}: exit {cp.returncode}: {cp.stderr.strip() or cp.stdout.strip()}"
@@ -246,6 +260,25 @@ class SlurmCli(SlurmAdapter):
             "sacct", *sacct_json.SACCT_JSON_ARGS, "--jobs", ",".join(str(j) for j in job_ids),
         )
         return sacct_json.parse(cp.stdout)
+
+    def finished_jobs_of_user(
+        self, user: str, since_days: int, *, timeout: float | None = None
+    ) -> list[AccountingRecord]:
+        # --user and --state are passed for the Slurm versions that honour them with
+        # --json; 22.05's dumper does not, so both are checked here as well
+        from slurm_colloc.slurm import sacct_json
+
+        if not user or not all(c.isalnum() or c in "._-@$" for c in user):
+            raise SlurmError(f"not a user name: {user[:40]!r}")
+        days = max(1, int(since_days))
+        cp = self.run(
+            "sacct", *sacct_json.SACCT_JSON_ARGS, f"--user={user}",
+            f"--starttime=now-{days}days", "--endtime=now", "--state=CD", timeout=timeout,
+        )
+        return [
+            r for r in sacct_json.parse(cp.stdout)
+            if r.fields.get("User") == user and r.state.split()[:1] == ["COMPLETED"]
+        ]
 
     def update_job(self, job_id: int | str, **settings: str) -> None:
         pairs = (f"{k}={v}" for k, v in settings.items())

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def _no_site_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conf = tmp_path / "colloc.conf"
-    conf.write_text(f'history_db = "{tmp_path / "history.sqlite"}"\n')
+    conf.write_text(f'history_db = "{tmp_path / "history.sqlite"}"\nhistory_source = "sqlite"\n')
     monkeypatch.setenv("COLLOC_CONF", str(conf))
 
 

@@ -188,7 +188,7 @@ def test_h3_estimate_cli_reads_only_the_callers_history(
 
     conf = tmp_path / "colloc.conf"
     db = tmp_path / "history.sqlite"
-    conf.write_text(f'history_db = "{db}"\n')
+    conf.write_text(f'history_db = "{db}"\nhistory_source = "sqlite"\n')
     monkeypatch.setenv("COLLOC_CONF", str(conf))
     monkeypatch.setenv("COLLOC_FINGERPRINT", "00" * 16)  # nothing reads a fingerprint from env
     path = DATA / "keras2_cnn.txt"
