@@ -9,8 +9,9 @@ Scope (COLLOC.shared_partitions, from colloc.conf's shared_partitions):
     are handled; every other job, GPU jobs included, is left exactly as submitted.
   listed: the partitions whose nodes offer shards (each with its own GPU size,
     COLLOC.partition_gpu_mib). A --colloc job without a partition goes to the first
-    listed one; one naming partitions is narrowed to the listed ones among them whose
-    GPU can hold it, and refused if none is listed. Whole-GPU jobs are handled only
+    listed one whose GPU can hold it (a default-size job: the first listed); one naming
+    partitions is narrowed to the listed ones among them whose GPU can hold it, and
+    refused if none is listed. Its need is checked against the largest GPU among them. Whole-GPU jobs are handled only
     when they would run in a listed partition (below); jobs in other partitions are
     never touched. A job without a partition runs in Slurm's default partition, found
     in part_list (flag_default); unknown = not listed.
@@ -395,17 +396,19 @@ local function scrub_admin_comment(job_desc, submit_uid)
 		tostring(submit_uid))
 end
 
--- Where a --colloc job runs and the usable MiB of one GPU there (largest, smallest);
--- or (nil, error code) after refusing it. Narrows job_desc.partition to the listed
--- partitions whose GPU can hold need (need unknown yet: nil).
+-- Where a --colloc job may run: (listed partitions, usable MiB of the largest GPU among
+-- them, of the GPU a default-size job gets, first_fit) or (nil, error code) after
+-- refusing it. first_fit: no partition given; the job goes to the first listed
+-- partition whose GPU holds it.
 local function colloc_target(job_desc)
 	if not sharing() then
-		return {}, COLLOC.gpu_memory_mib, COLLOC.gpu_memory_mib
+		return {}, COLLOC.gpu_memory_mib, COLLOC.gpu_memory_mib, false
 	end
 	local names = split_list(job_desc.partition)
 	if #names == 0 then
-		local first = COLLOC.shared_partitions[1]
-		return { first }, COLLOC.partition_gpu_mib[first], COLLOC.partition_gpu_mib[first]
+		local _, _, hi = shared_among(COLLOC.shared_partitions)
+		local first = COLLOC.partition_gpu_mib[COLLOC.shared_partitions[1]]
+		return COLLOC.shared_partitions, hi, first, true
 	end
 	local shared, lo, hi = shared_among(names)
 	if #shared == 0 then
@@ -413,7 +416,7 @@ local function colloc_target(job_desc)
 			.. "this job asked for %s. Submit with -p %s (or without -p), or drop --colloc",
 			shared_names(), string.sub(job_desc.partition, 1, 200), COLLOC.shared_partitions[1])
 	end
-	return shared, hi, lo
+	return shared, hi, lo, false
 end
 
 local function colloc_submit(job_desc, opts, req, submit_uid)
@@ -431,7 +434,7 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 		return reject(E_NODES, "--colloc jobs run on one GPU of one node; %d nodes requested",
 			min_nodes)
 	end
-	local targets, big_mib, small_mib = colloc_target(job_desc)
+	local targets, big_mib, small_mib, first_fit = colloc_target(job_desc)
 	if not targets then return big_mib end -- the error code
 
 	local spg = shards_of(big_mib)
@@ -481,7 +484,7 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 		for _, name in ipairs(targets) do
 			if shards_of(COLLOC.partition_gpu_mib[name]) >= shards then fit[#fit + 1] = name end
 		end
-		local part = table.concat(fit, ",")
+		local part = first_fit and fit[1] or table.concat(fit, ",")
 		if part ~= job_desc.partition then
 			job_desc.partition = part
 			slurm.log_info("colloc: job_submit: uid %s: --colloc job sent to partition %s",
