@@ -42,12 +42,19 @@ FULL = Attempt(
 text = st.text(max_size=30)
 opt_int = st.one_of(st.none(), st.integers(0, 2**40))
 opt_float = st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=64))
+series = st.lists(  # valid series (time never goes back, values in bounds) round-trip
+    st.tuples(st.integers(0, 10**5), st.integers(0, 10**6),
+              st.one_of(st.none(), st.integers(0, 100))),
+    max_size=60,
+).map(lambda pts: tuple(
+    (sum(p[0] for p in pts[: i + 1]), m, u) for i, (_, m, u) in enumerate(pts)))
 attempts = st.builds(
     Attempt,
     attempt=st.integers(0, 50),
     estimate=st.one_of(
         st.none(),
-        st.builds(Estimate, st.integers(0, 10**6), text, opt_float, st.one_of(st.none(), text)),
+        st.builds(Estimate, st.integers(0, 10**6), text, opt_float, st.one_of(st.none(), text),
+                  opt_int, opt_int, st.one_of(st.none(), text), st.one_of(st.none(), text)),
     ),
     shards=opt_int,
     shard_mib=opt_int,
@@ -74,6 +81,7 @@ attempts = st.builds(
             opt_float,
             st.integers(0, 10**6),
             st.booleans(),
+            series,
         ),
     ),
     start=opt_int,
