@@ -170,7 +170,8 @@ class AccountingHistory:
             from slurm_colloc.slurm.adapter import SlurmCli
 
             adapter = self._adapter or SlurmCli(timeout=self.timeout)
-            rows = adapter.finished_jobs_of_user(user, self.days, timeout=self.timeout)
+            rows = adapter.finished_jobs_of_user(user, self.days, timeout=self.timeout,
+                                                 warn=self._warn)
             records = user_records(rows, user, self.max_jobs)
         except Exception as e:  # noqa: BLE001 - history is an optimisation, never fatal
             self._warn(f"no history from Slurm accounting: {' '.join(str(e).split())[:300]}")

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,13 +108,15 @@ class SlurmAdapter(abc.ABC):
         """Accounting lines (allocation level, not steps) for these jobs."""
 
     def finished_jobs_of_user(
-        self, user: str, since_days: int, *, timeout: float | None = None
+        self, user: str, since_days: int, *, timeout: float | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> list[AccountingRecord]:
         """``user``'s jobs (allocations, every attempt) that COMPLETED in the last
         ``since_days`` days, from slurmdbd; only records Slurm reports as ``user``'s.
 
         Raises :class:`SlurmError` when slurmdbd cannot be asked (or in time): the
-        caller decides what "unknown" means. Adapters without it raise too.
+        caller decides what "unknown" means. Adapters without it raise too. ``warn``
+        gets what sacct reported beside its answer (default: a log warning).
         """
         raise SlurmError(f"{type(self).__name__} cannot list a user's finished jobs")
 
@@ -262,7 +264,8 @@ class SlurmCli(SlurmAdapter):
         return sacct_json.parse(cp.stdout)
 
     def finished_jobs_of_user(
-        self, user: str, since_days: int, *, timeout: float | None = None
+        self, user: str, since_days: int, *, timeout: float | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> list[AccountingRecord]:
         # --user and --state are passed for the Slurm versions that honour them with
         # --json; 22.05's dumper does not, so both are checked here as well
@@ -276,7 +279,7 @@ class SlurmCli(SlurmAdapter):
             f"--starttime=now-{days}days", "--endtime=now", "--state=CD", timeout=timeout,
         )
         return [
-            r for r in sacct_json.parse(cp.stdout)
+            r for r in sacct_json.parse(cp.stdout, warn=warn)
             if r.fields.get("User") == user and r.state.split()[:1] == ["COMPLETED"]
         ]
 

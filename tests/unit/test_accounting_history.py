@@ -298,3 +298,11 @@ def test_cli_goes_on_without_history_when_slurmdbd_is_down(
     out, err = _cli(tmp_path, monkeypatch, fake)
     assert out["estimator"] == "layer-aware" and out["history_source"] == "accounting"
     assert err.startswith("colloc estimate: warning: no history") and err.count("\n") == 1
+
+
+def test_sacct_side_errors_are_warnings_not_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = json.loads(_sacct(_job(60, ME, _comment(_attempt(peak=4000)))))
+    doc["errors"] = [{"error": "slurmdbd: partial answer"}, {"error": "Nothing found"}]
+    h, warnings = _history(monkeypatch, FakeRun(json.dumps(doc)))
+    assert h.peaks(FP, None, "adam", "fp32") == {32: 4000}
+    assert warnings == ["sacct reported: slurmdbd: partial answer"]
