@@ -618,7 +618,7 @@ def scope_lines(settings: SiteSettings, chain: SiteScript | None = None) -> list
     """What job_submit.lua will touch, in words (dry run and --apply)."""
     if settings.shared_partitions:
         out = ["shared partitions (their one-GPU jobs become whole GPUs as shards; "
-               "--colloc jobs go to the first):"]
+               "--colloc jobs without -p go to the first that holds them):"]
         out += [f"  {p.name}: {p.gpu_memory_mib} MiB GPU, {p.usable_mib} MiB for jobs, "
                 f"{p.shards_per_gpu(settings.shard_mib)} shards per GPU"
                 for p in settings.shared_partitions]
@@ -649,10 +649,11 @@ def render_plan(
             "", f"## {conf_dir / 'plugstack.conf'} (written when missing; else add this line)",
             plugstack_include(conf_dir),
             f"## {plugstack_dropin(conf_dir)} (written)", plugstack_line(plugin), ""]
+    what = (f"--colloc jobs into shards of {settings.jobs_mib} MiB GPUs "
+            f"({settings.shards_per_gpu} shards per GPU)" if not settings.shared_partitions
+            else "--colloc jobs and the shared partitions' GPU jobs into shards")
     out += ["## controller (slurmctld)",
-            f"job_submit.lua next to slurm.conf ({conf_dir}/job_submit.lua); rewrites "
-            f"--colloc jobs into shards of {settings.jobs_mib} MiB GPUs "
-            f"({settings.shards_per_gpu} shards per GPU)",
+            f"job_submit.lua next to slurm.conf ({conf_dir}/job_submit.lua); rewrites {what}",
             *(f"# {line}" for line in scope_lines(settings, chain)), ""]
     out += ["## login / submit hosts",
             f"cli_filter.lua in {conf_dir}/, {plugin} and the plugstack files as above;",
