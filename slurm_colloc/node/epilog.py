@@ -35,6 +35,7 @@ class EpilogResult:
     pattern: str | None = None
     evidence_line: str | None = None
     evidence_files: list[str] = field(default_factory=list)
+    """The user's copy first when it was written (issue 13), then root's copies."""
     decision: requeue_policy.RequeueDecision | None = None
     requeued: bool = False
     shards_per_gpu: int | None = None
@@ -284,6 +285,8 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
             result.errors.extend(errors)
         except Exception as e:  # noqa: BLE001 - evidence is best effort; the requeue is not
             result.errors.append(f"evidence not kept: {e}")
+        if result.evidence_files and cfg.evidence_user_copy:
+            _keep_user_copy(ctx, result, readable, gid)
     placed = placed_by_colloc(ctx)
     spg = _shards_per_gpu_or_fallback(ctx, cfg, result) if placed else None
     result.shards_per_gpu = spg
@@ -294,6 +297,24 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
         culprit=_culprit(ctx, cfg, result) if scan.cause == "gpu-oom" and ctx.is_shared
         else None,
     )
+
+
+def _keep_user_copy(ctx: JobContext, result: EpilogResult, readable: list[str], gid: int) -> None:
+    """Issue 13: a copy the user can read on the login host, next to the job's output
+    (StdOut, else StdErr: a log the scan read), written as the user. It becomes the
+    record's evidence path (first in ``evidence_files``); root's copy stays either way."""
+    log = next((p for p in (ctx.stdout, ctx.stderr) if p and p in readable), None)
+    if log is None:
+        return
+    copy = evidence.keep_user_copy(
+        log, ctx.job_id, ctx.restarts, ctx.uid, gid, node=ctx.node, cause=result.cause,
+        pattern=result.pattern, line=result.evidence_line,
+        root_files=list(result.evidence_files), errors=result.errors,
+    )
+    if copy is not None and len(copy) <= evidence.USER_COPY_MAX_PATH:
+        result.evidence_files.insert(0, copy)
+    elif copy is not None:
+        result.evidence_files.append(copy)
 
 
 def _culprit(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> str | None:

@@ -27,6 +27,21 @@ The rules (issue 11, M1), for code that runs as root on a path the user chose:
   user-owned attempt directories of older releases are safe to clean too.
 
 ``config.py`` has no evidence retention keys yet; the two limits are module constants.
+
+**The user's copy (issue 13).** ``evidence_dir`` is on the compute node; the user reads
+the report on the login host. With ``evidence_user_copy`` (the default) the epilog
+also leaves ``colloc-evidence-<jobid>-<attempt>.txt`` next to the job's output file
+(:func:`keep_user_copy`): a short header (job, attempt, node, cause, pattern, matched
+line, time) and the end of root's copies, at most :data:`USER_COPY_MAX_BYTES`. Root
+builds the text from its own copies; the file is created by a child process that has
+become the user for good (:mod:`slurm_colloc.node.as_user`): the directory is opened
+with ``O_DIRECTORY | O_NOFOLLOW``, the file with ``O_CREAT | O_EXCL | O_NOFOLLOW``,
+mode 0600, so nothing there is followed or overwritten (an existing name gets a
+``-N`` suffix, up to :data:`USER_COPY_MAX_SUFFIX`). The directory comes from the
+controller's structured record (``StdOut``, else ``StdErr``, ``%`` patterns expanded)
+and only for a log the scan itself read. The write has a deadline
+(:data:`USER_COPY_TIMEOUT_S`, for a hung NFS server); any failure is reported and
+root's copy remains the record's evidence.
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_colloc.mps.tenancy import ensure_root_dir
+from slurm_colloc.node.as_user import AsUserError, credentials, run_as_user
 from slurm_colloc.oom.safe_open import RefusedPath, open_log
 
 RETENTION_S = 14 * 86400
@@ -50,6 +66,14 @@ MAX_BYTES_PER_USER = 1 << 30
 MAX_ENTRIES_PER_ATTEMPT = 256
 """Pruning looks at this many entries of an attempt directory (old layouts were the
 user's to fill)."""
+USER_COPY_MAX_BYTES = 256 << 10
+"""The user's copy is at most this long (header included)."""
+USER_COPY_TIMEOUT_S = 10.0
+"""How long the epilog waits for the user's copy to be written (then kills the writer)."""
+USER_COPY_MAX_SUFFIX = 9
+"""``-1`` .. ``-N`` are tried when the user's copy's name is taken."""
+USER_COPY_MAX_PATH = 512
+"""A longer user path is not put in the accounting record (root's copy is)."""
 _CHUNK = 1 << 20
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -151,6 +175,141 @@ def keep(
         if errors is not None:
             errors.append(f"evidence not pruned: {e}")
     return written
+
+
+def user_copy_name(job_id: int, attempt: int, n: int = 0) -> str:
+    """``colloc-evidence-<jobid>-<attempt>.txt``, ``-<n>`` before the suffix when taken."""
+    return f"colloc-evidence-{job_id}-{attempt}" + (f"-{n}" if n else "") + ".txt"
+
+
+def _tail_of_root_copy(path: str, max_bytes: int) -> tuple[bytes, int]:
+    """The last ``max_bytes`` of one of root's own copies, and its size."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        start = max(0, st.st_size - max_bytes)
+        return os.pread(fd, max(0, min(max_bytes, st.st_size)), start), st.st_size
+    finally:
+        os.close(fd)
+
+
+def user_copy_text(
+    *, job_id: int, attempt: int, node: str, cause: str, pattern: str | None,
+    line: str | None, root_files: list[str], max_bytes: int = USER_COPY_MAX_BYTES,
+    now: float | None = None,
+) -> bytes:
+    """What the user's copy says: a header, then the end of each of root's copies.
+
+    At most ``max_bytes`` in all; each copy gets an equal share of what the header
+    leaves. ``line`` is the scan's matched line (already made printable).
+    """
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    head = [
+        "colloc: evidence of a failed attempt (the requeued run rewrites the job's output)",
+        f"job: {job_id}  attempt: {attempt}  node: {node or '?'}  written: {when}",
+        f"cause: {cause}  pattern: {pattern or '-'}",
+    ]
+    if line:
+        head.append(f"matched line: {line}")
+    if root_files:
+        head.append(f"root's copy on {node or 'the node'}: {Path(root_files[0]).parent}")
+    out = ("\n".join(head) + "\n").encode("utf-8", "replace")[:max_bytes]
+    files = root_files[:MAX_ENTRIES_PER_ATTEMPT]
+    for i, path in enumerate(files):
+        share = (max_bytes - len(out)) // (len(files) - i)
+        title = f"\n--- {Path(path).name} ---\n".encode("utf-8", "replace")
+        if share <= len(title) + 64:
+            break
+        try:
+            data, size = _tail_of_root_copy(path, share - len(title) - 64)
+        except OSError as e:
+            part = title + f"[colloc: not readable: {e}]\n".encode("utf-8", "replace")
+        else:
+            cut = f"[colloc: last {len(data)} of {size} bytes]\n" if len(data) < size else ""
+            part = title + cut.encode() + data
+        out += part[:share]
+    return out[:max_bytes]
+
+
+def _create_exclusive(directory: str, job_id: int, attempt: int, data: bytes) -> str:
+    """Create the user's copy in ``directory``; return its path. Runs as the user.
+
+    Never follows a symlink at the directory or the file, never overwrites: a taken
+    name (file, link, anything) moves on to the next suffix.
+    """
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for n in range(USER_COPY_MAX_SUFFIX + 1):
+            name = user_copy_name(job_id, attempt, n)
+            try:
+                fd = os.open(
+                    name,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY
+                    | os.O_CLOEXEC, 0o600, dir_fd=dfd,
+                )
+            except FileExistsError:
+                continue
+            try:
+                os.fchmod(fd, 0o600)
+                _write_all(fd, data)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dfd)
+                raise
+            os.close(fd)
+            return os.path.join(directory, name)
+        raise FileExistsError(
+            f"{directory}: {user_copy_name(job_id, attempt)} and its "
+            f"{USER_COPY_MAX_SUFFIX} suffixes are taken"
+        )
+    finally:
+        os.close(dfd)
+
+
+def write_user_copy(
+    directory: str, job_id: int, attempt: int, data: bytes, uid: int, gid: int,
+    *, timeout_s: float = USER_COPY_TIMEOUT_S,
+) -> str:
+    """Create the user's copy as the user (uid, primary gid, their groups); its path.
+
+    Raises :class:`~slurm_colloc.node.as_user.AsUserError` (timeout included) on any
+    failure; the message says why.
+    """
+    if not directory.startswith("/"):
+        raise AsUserError(f"{directory!r}: not an absolute directory")
+    data = data[:USER_COPY_MAX_BYTES]
+    return run_as_user(
+        credentials(uid, gid), lambda: _create_exclusive(directory, job_id, attempt, data),
+        timeout_s=timeout_s,
+    )
+
+
+def keep_user_copy(
+    log_path: str, job_id: int, attempt: int, uid: int, gid: int, *, node: str,
+    cause: str, pattern: str | None, line: str | None, root_files: list[str],
+    errors: list[str] | None = None, timeout_s: float = USER_COPY_TIMEOUT_S,
+) -> str | None:
+    """Leave the user's copy next to ``log_path`` (the job's output file); its path.
+
+    None when it could not be written: the reason is appended to ``errors``; root's
+    copies are untouched. Never raises.
+    """
+    try:
+        data = user_copy_text(
+            job_id=job_id, attempt=attempt, node=node, cause=cause, pattern=pattern,
+            line=line, root_files=root_files,
+        )
+        return write_user_copy(
+            os.path.dirname(log_path) or "/", job_id, attempt, data, uid, gid,
+            timeout_s=timeout_s,
+        )
+    except Exception as e:  # noqa: BLE001 - the user's copy is a convenience
+        if errors is not None:
+            errors.append(f"user copy of the evidence next to {log_path} not written: {e}")
+        return None
 
 
 @dataclass(frozen=True)
