@@ -54,7 +54,8 @@ class CollocConfig:
     ``NAME`` or ``NAME:GPU_MIB`` (GPU_MIB: memory of that partition's smallest GPU;
     default ``gpu_memory_mib``). Empty (the default): colloc is opt-in per job; only
     ``--colloc`` and ``--gres=shard`` jobs are touched and every other GPU job is left
-    as submitted. Listed: ``--colloc`` jobs without a partition go to the first one, a
+    as submitted. Listed: ``--colloc`` jobs without a partition go to every listed one
+    whose GPU holds them (Slurm takes the first with room), a
     ``--colloc`` job in another partition is refused, and a one-GPU job submitted to a
     listed partition becomes all the shards of one GPU (Slurm 22.05 does not keep
     gres/gpu and gres/shard apart on a GPU); other partitions are never touched."""

@@ -14,6 +14,9 @@ Scenes (each uses the real sbatch/slurmctld/slurmd/slurmdbd and colloc's node sc
 5. Safety: an unprivileged user tries the two attacks of issue 11 (a forged
    AdminComment in ``--comment``; another user's pid planted in the MPS pipe
    directory). The job stays capped, the other user's process lives.
+6. A site: login host, controller and three compute hosts in their own namespaces
+   (:mod:`slurm_colloc.demo_site`): an OOM on one host recovered on another, a plain
+   GPU job left alone, the report read from the login host.
 """
 
 from __future__ import annotations
@@ -101,8 +104,11 @@ def _submit_table(slurm: SlurmCli, ids: dict[str, int], budget: GpuBudget) -> Ta
     return table
 
 
-def run(console: Console, root: Path | None = None) -> int:
-    """Bring the devcluster up and play the scenes; return a process exit code."""
+def run(console: Console, root: Path | None = None, *, site: bool = True) -> int:
+    """Bring the devcluster up and play the scenes; return a process exit code.
+
+    ``site``: also play scene 6 on a three-host devcluster (:mod:`slurm_colloc.demo_site`).
+    """
     cluster = Cluster.at(root) if root else Cluster.at()
     console.rule("[bold]slurm-colloc demo: GPU sharing on a local Slurm cluster")
     b = cluster.spec.budget()
@@ -181,6 +187,10 @@ def run(console: Console, root: Path | None = None) -> int:
                       f"see {cluster.layout.log}/colloc.log")
     _final_reports(console, cluster, cfg, ids)
     ok = _safety_scene(console, cluster, slurm, workdir) and ok
+    if site:
+        from slurm_colloc import demo_site
+
+        ok = demo_site.run(console) and ok
     console.print("\nUse the cluster yourself:  eval \"$(.venv/bin/colloc devcluster env)\"; "
                   "squeue; sacct\nStop it:                   .venv/bin/colloc devcluster down"
                   "\nWhat it buys at scale:     .venv/bin/python benchmarks/replay.py --trace "

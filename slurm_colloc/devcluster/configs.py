@@ -11,7 +11,6 @@ import secrets
 from pathlib import Path
 
 from slurm_colloc.devcluster.layout import (
-    SHARED_PARTITION,
     WHOLE_PARTITION,
     Layout,
     Spec,
@@ -123,7 +122,7 @@ def node_lines(spec: Spec, host: str) -> list[str]:
         parts.setdefault(n.partition, []).append(n.name)
     # the whole-GPU partition is the default: a plain --gres=gpu:1 job goes there
     # untouched; job_submit sends --colloc jobs to the shared one (shared_partitions)
-    default = WHOLE_PARTITION if WHOLE_PARTITION in parts else SHARED_PARTITION
+    default = WHOLE_PARTITION if WHOLE_PARTITION in parts else next(iter(parts))
     for name, members in parts.items():
         out.append(
             f"PartitionName={name} Nodes={','.join(members)}"

@@ -64,7 +64,8 @@ class Spec:
     controller, and each compute host runs in its own network, mount and UTS namespace
     (private /var/lib/colloc, /tmp and MPS dirs; /home shared): odd-numbered hosts have
     half as many GPUs of twice the memory, and with 3 or more the last host has whole
-    GPUs only, in partition ``gpu`` (the default partition), the others in ``shared``."""
+    GPUs only, in partition ``gpu`` (the default partition), the others in ``shared``
+    (the small GPUs) and ``shared80`` (the big ones, with the default GPU size)."""
 
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""
@@ -115,18 +116,28 @@ class Spec:
             whole = self.nodes >= 3 and i == self.nodes - 1
             mem = self.gpu_memory_mib * (2 if big else 1)
             spg = 0 if whole else budget(self.colloc_config(), mem).shards_per_gpu
+            part = WHOLE_PARTITION if whole else self.shared_partition_of(mem)
             plans.append(NodePlan(
                 f"{prefix}{i}", i, max(1, self.gpus // 2) if big else self.gpus, mem,
-                WHOLE_PARTITION if whole else SHARED_PARTITION, f"{self.subnet()}.{10 + i}",
-                spg,
+                part, f"{self.subnet()}.{10 + i}", spg,
             ))
         return plans
 
+    def shared_partition_of(self, gpu_memory_mib: int) -> str:
+        """One shared partition per GPU size (``shared``, ``shared80``): job_submit turns
+        a one-GPU job into all the shards of one GPU of its partition, which is only
+        a whole GPU where every GPU of the partition has that size."""
+        if gpu_memory_mib == self.gpu_memory_mib:
+            return SHARED_PARTITION
+        return f"{SHARED_PARTITION}{round(gpu_memory_mib / 1024)}"
+
     def shared_partitions(self) -> list[str]:
-        """``shared_partitions`` of the cluster's colloc.conf (see config.py)."""
+        """``shared_partitions`` of the cluster's colloc.conf (see config.py), smallest
+        GPUs first (a --colloc job goes to every one that holds it, in this order)."""
         if not self.multi_node:
             return [WHOLE_PARTITION]  # one partition, its GPUs carry shards
-        return [f"{SHARED_PARTITION}:{self.gpu_memory_mib}"]
+        sizes = sorted({n.gpu_memory_mib for n in self.node_plans() if n.shards_per_gpu})
+        return [f"{self.shared_partition_of(m)}:{m}" for m in sizes]
 
     def colloc_config(self) -> CollocConfig:
         """The memory settings the devcluster's colloc.conf carries."""

@@ -24,6 +24,24 @@ def _record(slurm: SlurmCli, job: int):
     return rec
 
 
+def _wait_history(cluster: Cluster, timeout: float = 60) -> None:
+    """Until ``colloc estimate`` (history from accounting, as the cli_filter runs it)
+    finds the measured peak."""
+    import json
+    import subprocess
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cp = subprocess.run(
+            ["colloc", "estimate", "--summary", str(SUMMARY), "--batch-size", "48",
+             "--optimizer", "momentum", "--json"],
+            env=cluster.env(), capture_output=True, text=True, check=False)
+        if cp.returncode == 0 and json.loads(cp.stdout).get("estimator") == "history":
+            return
+        time.sleep(1)
+    pytest.fail("the measured peak never reached the accounting history")
+
+
 def test_rerun_is_estimated_from_the_measured_peak(
     cluster: Cluster, slurm: SlurmCli, workdir: Path
 ) -> None:
@@ -32,7 +50,7 @@ def test_rerun_is_estimated_from_the_measured_peak(
     r1 = _record(slurm, first)
     assert r1.estimator == "layer-aware" and r1.est_mib and r1.est_mib > 6144
     assert wait_for_jobs(slurm, [first], timeout=90)[str(first)] == "COMPLETED"
-    time.sleep(3)  # the epilog records the run's peak into the history
+    _wait_history(cluster)  # the run's record (with its peak) reaches slurmdbd after its end
     second = sbatch(cluster, workdir, "colloc-simjob --mem 5G --peak 6G --seconds 1", *OPTS)
     r2 = _record(slurm, second)
     assert r2.estimator == "history", r2

@@ -71,7 +71,7 @@ def test_multi_node_hosts_have_two_gpu_sizes_and_shards_only_in_the_shared_parti
     plans = spec.node_plans()
     assert [(p.name, p.gpus, p.gpu_memory_mib, p.partition) for p in plans] == [
         ("colloc-node0", 2, 40960, "shared"),
-        ("colloc-node1", 1, 81920, "shared"),
+        ("colloc-node1", 1, 81920, "shared80"),
         ("colloc-node2", 2, 40960, "gpu"),
     ]
     # each host's shards come from its own GPU size; the whole-GPU host has none
@@ -84,10 +84,12 @@ def test_multi_node_hosts_have_two_gpu_sizes_and_shards_only_in_the_shared_parti
     assert "SlurmctldHost=" in conf and f"({spec.controller_addr()})" in conf
     assert f"AccountingStorageHost={spec.controller_addr()}" in conf
     assert "Gres=gpu:2 Weight=3 Feature=gpu40g" in conf  # no shards on the whole-GPU host
-    assert "PartitionName=shared Nodes=colloc-node0,colloc-node1 MaxTime" in conf
+    # one shared partition per GPU size: a one-GPU job there is all shards of a GPU
+    assert "PartitionName=shared Nodes=colloc-node0 MaxTime" in conf
+    assert "PartitionName=shared80 Nodes=colloc-node1 MaxTime" in conf
     assert "PartitionName=gpu Nodes=colloc-node2 Default=YES" in conf
     colloc = configs.colloc_conf(spec, Layout(Path("/r")), Path("/v/bin"))
-    assert 'shared_partitions = ["shared:40960"]' in colloc
+    assert 'shared_partitions = ["shared:40960", "shared80:81920"]' in colloc
 
 
 def test_one_node_lab_keeps_its_single_partition_shared() -> None:

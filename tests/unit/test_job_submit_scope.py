@@ -163,14 +163,16 @@ def test_default_partition_unknown_without_part_list() -> None:
     _untouched(job, {"tres_per_node": "gres:gpu:1"})
 
 
-def test_colloc_without_partition_goes_to_the_first_shared_partition() -> None:
+def test_colloc_without_partition_goes_to_every_shared_partition_that_holds_it() -> None:
     h = listed("cpu")
+    # in the listed order: Slurm takes the first with room, and a job that ran out of
+    # memory on a small GPU can come back on a big one while the small ones are full
     rc, job = h.submit({"colloc_mem": "8G"})
-    assert rc == 0 and job.partition == "small" and job.tres_per_node == "gres:shard:8"
-    # a default-size job gets a whole GPU of the first
+    assert rc == 0 and job.partition == "small,big" and job.tres_per_node == "gres:shard:8"
+    # a default-size job gets a whole GPU of the smallest
     rc, job = h.submit({"colloc": "(null)"})
-    assert rc == 0 and job.partition == "small" and job.tres_per_node == "gres:shard:39"
-    # one too large for the first goes to the first that holds it
+    assert rc == 0 and job.partition == "small,big" and job.tres_per_node == "gres:shard:39"
+    # one too large for the small GPUs goes only where it fits
     rc, job = h.submit({"colloc_mem": "60G"})
     assert rc == 0 and job.partition == "big" and job.tres_per_node == "gres:shard:60"
 

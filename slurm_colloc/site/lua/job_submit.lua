@@ -8,8 +8,9 @@ Scope (COLLOC.shared_partitions, from colloc.conf's shared_partitions):
   empty (the default): opt-in per job. Only --colloc jobs and plain --gres=shard jobs
     are handled; every other job, GPU jobs included, is left exactly as submitted.
   listed: the partitions whose nodes offer shards (each with its own GPU size,
-    COLLOC.partition_gpu_mib). A --colloc job without a partition goes to the first
-    listed one whose GPU can hold it (a default-size job: the first listed); one naming
+    COLLOC.partition_gpu_mib). A --colloc job without a partition goes to every
+    listed one whose GPU can hold it, in the listed order (Slurm takes the first with
+    room; a default-size job gets a whole GPU of the smallest); one naming
     partitions is narrowed to the listed ones among them whose GPU can hold it, and
     refused if none is listed. Its need is checked against the largest GPU among them. Whole-GPU jobs are handled only
     when they would run in a listed partition (below); jobs in other partitions are
@@ -398,8 +399,8 @@ end
 
 -- Where a --colloc job may run: (listed partitions, usable MiB of the largest GPU among
 -- them, of the GPU a default-size job gets, first_fit) or (nil, error code) after
--- refusing it. first_fit: no partition given; the job goes to the first listed
--- partition whose GPU holds it.
+-- refusing it. first_fit: no partition given; the job goes to every listed partition
+-- whose GPU holds it (Slurm takes the first with room).
 local function colloc_target(job_desc)
 	if not sharing() then
 		return {}, COLLOC.gpu_memory_mib, COLLOC.gpu_memory_mib, false
@@ -484,7 +485,9 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 		for _, name in ipairs(targets) do
 			if shards_of(COLLOC.partition_gpu_mib[name]) >= shards then fit[#fit + 1] = name end
 		end
-		local part = first_fit and fit[1] or table.concat(fit, ",")
+		-- every listed partition that holds it, in the listed order: a job that ran out
+		-- of memory on a small GPU may come back on a larger one where a small one is full
+		local part = table.concat(fit, ",")
 		if part ~= job_desc.partition then
 			job_desc.partition = part
 			slurm.log_info("colloc: job_submit: uid %s: --colloc job sent to partition %s",
