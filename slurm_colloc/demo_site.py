@@ -30,7 +30,7 @@ from rich.table import Table
 from slurm_colloc.devcluster import hosts
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.layout import Layout, Spec
-from slurm_colloc.slurm.adapter import SlurmCli, wait_for_jobs
+from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmCli, job_state
 
 SITE_ROOT = Path("/var/lib/colloc-devcluster-site")
 SITE_SPEC = Spec(nodes=3, gpus=2, ctld_port=17817, slurmd_port=17818, dbd_port=17819,
@@ -83,6 +83,9 @@ def run(console: Console, root: Path = SITE_ROOT) -> bool:
                   "/tmp and MPS directories; /home is shared, as on a site.\n")
     slurm = SlurmCli(env=cluster.env())
     home = _ensure_user(cluster)
+    # a rerun starts from an empty cluster (an interrupted run may have left jobs)
+    subprocess.run(["scancel", "-u", USER], env=cluster.env(), capture_output=True, check=False)
+    time.sleep(2)
     n0, n1, n2 = (n.name for n in SITE_SPEC.node_plans())
     fillers = [_submit(cluster, home, f"long-{i}", "sleep 300", "--colloc-mem=20G")
                for i in range(2)]
@@ -94,15 +97,19 @@ def run(console: Console, root: Path = SITE_ROOT) -> bool:
     console.print(f"As {USER}: two long --colloc-mem=20G jobs, a job guessed at 3 GiB that "
                   "needs 6, and a plain --gres=gpu:1 job (no --colloc).")
     seen: dict[int, list[str]] = {victim: []}
+    states: dict[str, str] = {}
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        h = _host(slurm, victim)
-        if h != "-" and (not seen[victim] or seen[victim][-1] != h):
-            seen[victim].append(h)
-        states = wait_for_jobs(slurm, [victim, plain], timeout=2)
-        if all(s in ("COMPLETED", "FAILED", "CANCELLED") for s in states.values()):
-            break
-    slurm.cancel(fillers)
+    try:
+        while time.monotonic() < deadline:
+            h = _host(slurm, victim)
+            if h != "-" and (not seen[victim] or seen[victim][-1] != h):
+                seen[victim].append(h)
+            states = {str(j): job_state(slurm, j) for j in (victim, plain)}
+            if all(s in TERMINAL_STATES for s in states.values()):
+                break
+            time.sleep(1)
+    finally:
+        slurm.cancel(fillers)
     table = Table("job", "id", "asked", "ran on", "state")
     table.add_row("long-0/1", f"{fillers[0]},{fillers[1]}", "--colloc-mem=20G",
                   f"{_host(slurm, fillers[0])}, {_host(slurm, fillers[1])}", "cancelled (demo)")
@@ -122,7 +129,7 @@ def run(console: Console, root: Path = SITE_ROOT) -> bool:
         time.sleep(2)
     console.rule(f"colloc-report {victim}, run by {USER} on the login host")
     cp = _as_user(cluster, ["colloc-report", str(victim)])
-    console.print(cp.stdout.rstrip() or cp.stderr.rstrip())
+    console.print(cp.stdout.rstrip() or cp.stderr.rstrip(), markup=False, highlight=False)
     attempts = report.get("attempts") or []
     nodes = [a.get("node") for a in attempts] if isinstance(attempts, list) else []
     ok = (nodes[:1] == [n0] and nodes[-1:] == [n1] and _host(slurm, plain) == n2
