@@ -81,7 +81,13 @@ class FakeRun:
         self.timeouts.append(kw.get("timeout"))
         if self.exc is not None:
             raise self.exc
-        return subprocess.CompletedProcess(argv, self.rc, self.out, "sacct: error: x")
+        out = self.out
+        if "--json" not in argv:  # the id query: every job's id (as if --user were ignored)
+            try:
+                out = "".join(f"{j['job_id']}\n" for j in json.loads(self.out)["jobs"])
+            except (ValueError, KeyError, TypeError):
+                out = "1\n"
+        return subprocess.CompletedProcess(argv, self.rc, out, "sacct: error: x")
 
 
 def _history(monkeypatch: pytest.MonkeyPatch, fake: FakeRun,
@@ -100,10 +106,13 @@ def test_asks_sacct_for_the_callers_completed_jobs(monkeypatch: pytest.MonkeyPat
     assert h.lookup(FP.upper(), 32, None, "adam", "fp32") == 9000
     assert h.lookup(FP, 16, None, "adam", "fp32") is None
     assert warnings == [] and h.jobs_read == 1
-    (argv,) = fake.calls  # asked once, however many lookups
-    assert argv[0] == "/usr/bin/sacct" and "--json" in argv and "--allocations" in argv
+    ids, argv = fake.calls  # asked once, however many lookups
+    # the ids from the text form (22.05 honours --user there, not with --json), then JSON
+    assert "--json" not in ids and "--format=JobIDRaw" in ids and f"--user={ME}" in ids
+    assert argv[0] == "/usr/bin/sacct" and "--json" in argv and "--jobs" in argv
+    assert argv[argv.index("--jobs") + 1] == "10"
     assert f"--user={ME}" in argv and "--starttime=now-30days" in argv and "--state=CD" in argv
-    assert fake.timeouts == [7]
+    assert fake.timeouts == [7, 7]
 
 
 def test_another_users_job_with_the_same_fingerprint_is_ignored(
@@ -180,7 +189,7 @@ def test_slurmdbd_trouble_is_an_empty_history_and_one_warning(
     assert h.peaks(FP, None, "adam", "fp32") == {}
     assert h.lookup(FP, 32, None, "adam", "fp32") is None
     assert len(warnings) == 1 and "no history from Slurm accounting" in warnings[0]
-    assert len(fake.calls) <= 1  # not retried on every lookup
+    assert len(fake.calls) <= 2  # one id query and one JSON read, not retried per lookup
 
 
 def test_requeued_job_rows_and_foreign_comments(monkeypatch: pytest.MonkeyPatch) -> None:
