@@ -98,9 +98,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurm_colloc import procfs
-from slurm_colloc.gpu.sim.sizes import SizeError, parse_size_mib
 from slurm_colloc.mps.control import DaemonIdentity, read_small_file, write_root_file
 from slurm_colloc.mps.tenancy import ensure_root_dir
+from slurm_colloc.units import SizeError, parse_size_mib
 
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"

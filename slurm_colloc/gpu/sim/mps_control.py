@@ -74,7 +74,7 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     pipe_dir_from_env,
     ui_command,
 )
-from slurm_colloc.gpu.sim.sizes import SizeError, limit_for, parse_size_mib
+from slurm_colloc.units import SizeError, limit_for, parse_size_mib
 
 _SERVER_CODE = (
     "import signal, sys\n"

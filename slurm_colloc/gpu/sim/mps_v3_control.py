@@ -109,7 +109,7 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     peer_credentials,
     ui_command,
 )
-from slurm_colloc.gpu.sim.sizes import SizeError, parse_size_mib
+from slurm_colloc.units import SizeError, parse_size_mib
 
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
 SIM_STATE_ENV = "COLLOC_SIM_STATE"

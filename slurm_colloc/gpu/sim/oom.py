@@ -17,7 +17,7 @@ CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, PyTorch >= 2.1)::
 
 from __future__ import annotations
 
-from slurm_colloc.gpu.sim.sizes import MIB, torch_format_size
+from slurm_colloc.units import MIB, torch_format_size
 
 _TAIL = (
     "If reserved but unallocated memory is large try setting "

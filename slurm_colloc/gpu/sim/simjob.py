@@ -75,7 +75,6 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     ui_command,
 )
 from slurm_colloc.gpu.sim.oom import torch_oom_message, torch_traceback
-from slurm_colloc.gpu.sim.sizes import SizeError, limit_for, parse_device_limits, parse_size_mib
 from slurm_colloc.gpu.sim.state import (
     ProcRecord,
     SimSpec,
@@ -90,6 +89,7 @@ from slurm_colloc.gpu.sim.state import (
     remove_record,
     write_record,
 )
+from slurm_colloc.units import SizeError, limit_for, parse_device_limits, parse_size_mib
 
 STATE_ENV = "COLLOC_SIM_STATE"
 EXIT_CUDA = 1  # any CUDA error, as PyTorch exits on an uncaught RuntimeError

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_colloc.gpu.sim.oom import torch_oom_message
-from slurm_colloc.gpu.sim.sizes import (
+from slurm_colloc.units import (
     SizeError,
     limit_for,
     parse_device_limits,

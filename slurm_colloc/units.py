@@ -1,5 +1,7 @@
 """Memory sizes as people and CUDA write them, and as PyTorch prints them.
 
+Shared by the runtime (MPS v3 limits) and the simulation, so it lives outside both.
+
 Sizes reach the simulation from three places that each have their own habits: the
 ``colloc-simjob --mem`` flag (``8G``, ``8192M``, ``1.5GiB``), MPS limits
 (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=8G"``, ``set_default_device_pinned_mem_limit 0
