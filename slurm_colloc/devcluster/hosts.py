@@ -99,15 +99,37 @@ def prepare_private_dirs(layout: Layout, node: NodePlan) -> None:
 _ENTER = """set -e
 hostname "$1"
 shift
-while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done
+while [ "$1" != "--" ]; do mkdir -p "$2"; mount --rbind "$1" "$2"; shift 2; done
 shift
 exec "$@"
 """
 
 
+def _kept_under_tmp(layout: Layout) -> list[Path]:
+    """Directories under /tmp that every host must still see: colloc's own
+    environment and source (a CI checkout may live in /tmp) - the host's private /tmp
+    would hide them, and with them the Prolog/Epilog console scripts."""
+    import sys
+
+    import slurm_colloc
+
+    keep = []
+    for p in (Path(sys.prefix), Path(slurm_colloc.__file__).resolve().parents[1]):
+        try:
+            rel = p.resolve().relative_to(layout.tmp)
+        except ValueError:
+            continue
+        if rel.parts:
+            keep.append(layout.tmp / rel.parts[0])
+    return sorted(set(keep))
+
+
 def slurmd_argv(spec: Spec, layout: Layout, node: NodePlan) -> tuple[str, ...]:
     """slurmd of one host, started inside its namespaces (it daemonizes from there)."""
     binds: list[str] = []
+    private_tmp = layout.node_dir(node.name) / "tmp"
+    for keep in _kept_under_tmp(layout):  # into the private /tmp before it is bound
+        binds += [str(keep), str(private_tmp / keep.relative_to(layout.tmp))]
     for src, target in layout.node_private(node.name):
         binds += [str(src), str(target)]
     # nsenter, not `ip netns exec`: the latter remounts /sys, hiding /sys/fs/cgroup,

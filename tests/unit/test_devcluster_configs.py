@@ -125,3 +125,21 @@ def test_restart_names_expand_to_every_slurmd() -> None:
     assert expand("slurmd-b", names) == ["slurmd-b"]
     assert expand("nope", names) == []
     assert to_start({"slurmd-b": None, "munged": None, "slurmctld": 1}) == ["munged", "slurmd-b"]
+
+
+def test_a_checkout_under_tmp_stays_visible_on_every_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI clones into /tmp: the hosts' private /tmp must not hide the venv's scripts."""
+    import sys
+
+    from slurm_colloc.devcluster import hosts
+
+    spec = Spec(nodes=2, ctld_port=25817)
+    layout = Layout(Path("/r"))
+    node = spec.node_plans()[0]
+    monkeypatch.setattr(sys, "prefix", "/tmp/ci/main/.venv")
+    argv = list(hosts.slurmd_argv(spec, layout, node))
+    pre = argv.index("/tmp/ci")
+    assert argv[pre + 1] == f"/r/nodes/{node.name}/tmp/ci"
+    assert pre < argv.index(f"/r/nodes/{node.name}/tmp")  # before /tmp is replaced
+    monkeypatch.setattr(sys, "prefix", "/opt/venv")
+    assert "/tmp/ci" not in hosts.slurmd_argv(spec, layout, node)
