@@ -42,6 +42,7 @@ e2e: venv
 	$(BIN)/pytest -q tests/e2e
 
 test: venv lint
+	@command -v chromium-headless-shell >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium-headless-shell; }
 	$(BIN)/pytest -q tests
 
 clean:

@@ -29,6 +29,9 @@ MAX_RECORD_POINTS = 1000
 """Points of a record's series the report uses at most (the epilog writes 48)."""
 
 RUNNING = frozenset({"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"})
+SCHEMA_VERSION = 2
+"""Version of the ``--json`` objects (job report and job table); bumped when a key
+changes meaning or goes away (new keys do not bump it)."""
 
 
 class UnknownJobError(LookupError):
@@ -103,6 +106,8 @@ class JobReport:
     gpu_memory_mib: int | None = None
     series: dict[int, store.Series] = field(default_factory=dict)
     truncated: bool = False
+    request: str = ""
+    """What Slurm was asked for (sacct's ReqTRES, or the controller's TRES while running)."""
 
     @property
     def running(self) -> bool:
@@ -111,7 +116,7 @@ class JobReport:
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (stable keys; see docs/report.md)."""
-        d = asdict(self)
+        d = {"schema_version": SCHEMA_VERSION, **asdict(self)}
         d.pop("series")
         d["running"] = self.running
         d["series_available"] = sorted(self.series)
@@ -253,8 +258,13 @@ def _submitted(rec: CollocRecord | None) -> dict[str, Any] | None:
 
 
 def _live_attempt(rec: CollocRecord | None, live: dict[str, Any], n: int,
-                  meta: store.JobMeta | None) -> Attempt:
-    """A synthetic record of the attempt running now (no epilog has written it yet)."""
+                  meta: store.JobMeta | None, earlier: list[Attempt]) -> Attempt:
+    """A synthetic record of the attempt running now (no epilog has written it yet).
+
+    Its limit: the prolog's meta when the node store is readable here, else what the
+    job was given: the submit record's allocation for the first attempt, the
+    requeue's new limit for a later one (never "unknown" on a login host).
+    """
     from slurm_colloc.accounting.record import Estimate
     from slurm_colloc.node.job import context_from_record
 
@@ -262,10 +272,28 @@ def _live_attempt(rec: CollocRecord | None, live: dict[str, Any], n: int,
     est = Estimate(mib=rec.est_mib or rec.need_mib, estimator=rec.estimator or rec.mode) \
         if rec else None
     limit = meta.limit_mib if meta else None
+    before = [a for a in earlier if a.attempt < n]
+    if limit is None and before and before[-1].requeue and before[-1].requeue.new_limit_mib:
+        limit = before[-1].requeue.new_limit_mib
+    if limit is None and rec is not None and not before:
+        limit = rec.alloc_mib or rec.shards * rec.shard_mib or None
     return Attempt(attempt=n, estimate=est, shards=ctx.shards or None, limit_mib=limit,
                    gpu=ctx.gpu, node=str(live.get("NodeList", "")) or None,
                    start=(int(meta.start) if meta else None)
                    or parse_time(str(live.get("StartTime", ""))))
+
+
+def _elapsed(last: JobRow | None, live: dict[str, Any] | None) -> int | None:
+    """Accounting's elapsed time, else (a job only the controller knows yet) since its
+    start."""
+    if last is not None and last.elapsed_s is not None:
+        return last.elapsed_s
+    start = parse_time(str((live or {}).get("StartTime", "")))
+    if start is None:
+        return None
+    import time
+
+    return max(0, int(time.time()) - start)
 
 
 def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
@@ -291,7 +319,7 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     if live is not None and state in RUNNING and state != "PENDING" and (sub or metas):
         n = restarts or 0
         if all(a.attempt != n for a in attempts):
-            attempts.append(_live_attempt(sub, live, n, metas.get(n)))
+            attempts.append(_live_attempt(sub, live, n, metas.get(n), attempts))
     views = []
     for i, a in enumerate(attempts):
         row = rows[i] if len(rows) == len(attempts) else None
@@ -323,10 +351,11 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         user=last.user if last else str(live.get("UserId", "") if live else ""),
         state=state, exit_code=last.exit_code if last else "",
         node=(last.node if last else "") or str((live or {}).get("NodeList", "")),
-        elapsed_s=last.elapsed_s if last else None,
+        elapsed_s=_elapsed(last, live),
         colloc=bool(sub or attempts), submitted=_submitted(sub), attempts=views,
         shards_per_gpu=spg, shard_mib=cfg.shard_mib, gpu_memory_mib=cfg.gpu_memory_mib or None,
         series=series, truncated=bool(record and record.truncated),
+        request=(last.req_tres if last else "") or str((live or {}).get("TresPerNode", "") or ""),
     )
     from slurm_colloc.report.recommend import notes_and_advice
 

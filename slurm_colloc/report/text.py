@@ -181,6 +181,8 @@ def render(rep: JobReport) -> RenderableType:
     head.add_row("Node", safe(rep.node or "?"))
     head.add_row("Elapsed", _hms(rep.elapsed_s))
     head.add_row("Attempts", str(len(rep.attempts)))
+    if rep.request:
+        head.add_row("Request", safe(rep.request))
     if rep.submitted:
         s = rep.submitted
         head.add_row("Submitted", safe(f"{s['mode']}: {gib(s['estimate_mib'])} ({s['estimator']})"
@@ -196,9 +198,10 @@ def render(rep: JobReport) -> RenderableType:
     else:
         cap = final.limit_mib or rep.gpu_memory_mib
         frac = final.peak_mib / cap if cap and final.peak_mib is not None else None
+        of = "limit" if final.limit_mib else "the whole GPU; limit not known"
         parts.append(bar("GPU memory peak", frac,
-                         f"{gib(final.peak_mib)} of {gib(cap)}" + (
-                             f" ({frac:.0%})" if frac is not None else "")))
+                         f"{gib(final.peak_mib)} of {gib(cap)} ({of})" + (
+                             f" = {frac:.0%}" if frac is not None else "")))
         if final.estimate_mib and cap:
             parts.append(bar("estimate", final.estimate_mib / cap, gib(final.estimate_mib),
                              warn=2.0))
