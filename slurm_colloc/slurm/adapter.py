@@ -35,6 +35,8 @@ SACCT_FIELDS = (  # the names AccountingRecord.fields carries (sacct --format na
     "NodeList",
     "AdminComment",
     "Comment",
+    "JobID",
+    "Account",
 )
 
 

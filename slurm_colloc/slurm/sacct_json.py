@@ -132,6 +132,19 @@ def _state(v: Any) -> str:
     return _text(v)
 
 
+def _array_id(job: Any) -> str:
+    """sacct's JobID: ``ARRAY_TASK`` (``123_4``) for an array task, else the raw id.
+
+    dbv0.0.38: ``array.job_id`` (0 when not an array) and ``array.task_id`` (null or
+    NO_VAL when not a task).
+    """
+    raw = _int(_get(job, ("job_id",)))
+    arr, task = _int(_get(job, ("array", "job_id"))), _int(_get(job, ("array", "task_id")))
+    if arr and task is not None and 0 <= task < 0xFFFFFFFE:
+        return f"{arr}_{task}"
+    return "" if raw is None else str(raw)
+
+
 FIELD_MAP: dict[str, tuple[tuple[str, ...], Callable[[Any], str]]] = {
     # sacct --format name: (path in the job object, converter to sacct's text)
     "JobIDRaw": (("job_id",), _text),
@@ -148,6 +161,8 @@ FIELD_MAP: dict[str, tuple[tuple[str, ...], Callable[[Any], str]]] = {
     "NodeList": (("nodes",), _text),
     "AdminComment": (("comment", "administrator"), _text),
     "Comment": (("comment", "job"), _text),  # sacct's Comment is job->derived_es
+    "JobID": ((), _array_id),  # the whole job object: array id and task id
+    "Account": (("account",), _text),
 }
 assert set(FIELD_MAP) == set(SACCT_FIELDS)
 
