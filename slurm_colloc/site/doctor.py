@@ -531,33 +531,30 @@ def check_dcgm(cfg: CollocConfig, *, which: Which = shutil.which, proc: Path = P
                     "SM activity and occupancy measured")]
 
 
-def _fstab_binds(paths: list[Path]) -> list[str]:
-    """Source fields of the fstab-style lines in ``paths`` (enroot's mounts.d)."""
+def _config_lines(paths: list[Path]) -> list[str]:
+    """Lines of the readable files among ``paths``, comments (``#``) cut off."""
     out: list[str] = []
     for p in paths:
         try:
             text = p.read_text(errors="replace")
         except OSError:
             continue
-        for raw in text.splitlines():
-            words = raw.split("#", 1)[0].split()
-            if words:
-                out.append(words[0])
+        out += [raw.split("#", 1)[0] for raw in text.splitlines()]
     return out
+
+
+def _fstab_binds(paths: list[Path]) -> list[str]:
+    """Source fields of the fstab-style lines in ``paths`` (enroot's mounts.d)."""
+    return [line.split()[0] for line in _config_lines(paths) if line.split()]
 
 
 def _apptainer_binds(paths: list[Path]) -> list[str]:
     """``bind path = SRC[:DST]`` sources of apptainer.conf / singularity.conf."""
     out: list[str] = []
-    for p in paths:
-        try:
-            text = p.read_text(errors="replace")
-        except OSError:
-            continue
-        for raw in text.splitlines():
-            m = re.match(r"\s*bind path\s*=\s*(\S+)", raw.split("#", 1)[0])
-            if m:
-                out.append(m.group(1).split(":", 1)[0])
+    for line in _config_lines(paths):
+        m = re.match(r"\s*bind path\s*=\s*(\S+)", line)
+        if m:
+            out.append(m.group(1).split(":", 1)[0])
     return out
 
 
