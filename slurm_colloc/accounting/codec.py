@@ -403,127 +403,139 @@ def try_decode(comment: str | None) -> JobRecord | None:
 # ------------------------------------------------------------------ size cap ---
 
 
-def _shrinkers() -> list[Callable[[JobRecord], JobRecord | None]]:
-    """Steps that each drop some detail, least useful first; None = nothing to drop."""
+def _drop_extra(r: JobRecord) -> JobRecord | None:
+    return replace(r, extra={}) if r.extra else None
 
-    def drop_extra(r: JobRecord) -> JobRecord | None:
-        return replace(r, extra={}) if r.extra else None
 
-    def trim_co_tenants(r: JobRecord) -> JobRecord | None:
-        if all(len(a.co_tenants) <= 4 for a in r.attempts):
-            return None
-        return replace(
-            r,
-            attempts=tuple(replace(a, co_tenants=a.co_tenants[:4]) for a in r.attempts),
-        )
-
-    def _older(r: JobRecord, fn: Callable[[Attempt], Attempt | None]) -> JobRecord | None:
-        # every attempt but the latest, oldest first
-        for i, a in enumerate(r.attempts[:-1]):
-            b = fn(a)
-            if b is not None:
-                return replace(r, attempts=(*r.attempts[:i], b, *r.attempts[i + 1 :]))
+def _trim_co_tenants(r: JobRecord) -> JobRecord | None:
+    if all(len(a.co_tenants) <= 4 for a in r.attempts):
         return None
+    return replace(
+        r,
+        attempts=tuple(replace(a, co_tenants=a.co_tenants[:4]) for a in r.attempts),
+    )
 
-    def drop_old_metrics(r: JobRecord) -> JobRecord | None:
-        return _older(r, lambda a: replace(a, metrics=None) if a.metrics else None)
 
-    def drop_old_fingerprints(r: JobRecord) -> JobRecord | None:
-        # the history key goes with the fingerprint: without it the rest keys nothing
-        return _older(
-            r,
-            lambda a: (
-                replace(a, estimate=replace(a.estimate, fingerprint=None, batch_size=None,
-                                            seq_len=None, optimizer=None, precision=None))
-                if a.estimate and a.estimate.fingerprint
-                else None
-            ),
-        )
+def _older_attempt(r: JobRecord, fn: Callable[[Attempt], Attempt | None]) -> JobRecord | None:
+    # every attempt but the latest, oldest first
+    for i, a in enumerate(r.attempts[:-1]):
+        b = fn(a)
+        if b is not None:
+            return replace(r, attempts=(*r.attempts[:i], b, *r.attempts[i + 1 :]))
+    return None
 
-    def _with_series(a: Attempt, series: tuple[tuple[int, int, int | None], ...]) -> Attempt:
-        assert a.metrics is not None
-        return replace(a, metrics=replace(a.metrics, series=series))
 
-    def drop_old_series(r: JobRecord) -> JobRecord | None:
-        return _older(r, lambda a: _with_series(a, ()) if a.metrics and a.metrics.series
-                      else None)
+def _drop_old_metrics(r: JobRecord) -> JobRecord | None:
+    return _older_attempt(r, lambda a: replace(a, metrics=None) if a.metrics else None)
 
-    def halve_last_series(r: JobRecord) -> JobRecord | None:
-        # every other point, the latest kept (the end of a plot is what was last seen)
-        a = r.attempts[-1] if r.attempts else None
-        if a is None or a.metrics is None or len(a.metrics.series) <= SERIES_MIN_POINTS:
-            return None
-        s = a.metrics.series
-        return replace(r, attempts=(*r.attempts[:-1], _with_series(a, s[::-1][::2][::-1])))
 
-    def drop_last_series(r: JobRecord) -> JobRecord | None:
-        a = r.attempts[-1] if r.attempts else None
-        if a is None or a.metrics is None or not a.metrics.series:
-            return None
-        return replace(r, attempts=(*r.attempts[:-1], _with_series(a, ())))
+def _drop_old_fingerprints(r: JobRecord) -> JobRecord | None:
+    # the history key goes with the fingerprint: without it the rest keys nothing
+    return _older_attempt(
+        r,
+        lambda a: (
+            replace(a, estimate=replace(a.estimate, fingerprint=None, batch_size=None,
+                                        seq_len=None, optimizer=None, precision=None))
+            if a.estimate and a.estimate.fingerprint
+            else None
+        ),
+    )
 
-    def drop_all_co_tenants(r: JobRecord) -> JobRecord | None:
-        if not any(a.co_tenants for a in r.attempts):
-            return None
-        return replace(r, attempts=tuple(replace(a, co_tenants=()) for a in r.attempts))
 
-    def drop_middle_attempt(r: JobRecord) -> JobRecord | None:
-        # keep the first (what was estimated) and the last (what happened in the end)
-        if len(r.attempts) <= 2:
-            return None
-        return replace(
-            r,
-            attempts=(r.attempts[0], *r.attempts[2:]),
-            dropped_attempts=r.dropped_attempts + 1,
-        )
+def _with_series(a: Attempt, series: tuple[tuple[int, int, int | None], ...]) -> Attempt:
+    assert a.metrics is not None
+    return replace(a, metrics=replace(a.metrics, series=series))
 
-    def drop_first_attempt(r: JobRecord) -> JobRecord | None:
-        if len(r.attempts) <= 1:
-            return None
-        return replace(r, attempts=r.attempts[1:], dropped_attempts=r.dropped_attempts + 1)
 
-    def strip_last(r: JobRecord) -> JobRecord | None:
-        # the latest attempt in ever slimmer forms; its number and cause go last
-        if not r.attempts:
-            return None
-        a = r.attempts[-1]
-        levels = (
-            Attempt(
-                attempt=a.attempt,
-                limit_mib=a.limit_mib,
-                gpu=a.gpu,
-                oom=OomInfo(a.oom.cause[:16], (a.oom.pattern_id or "")[:32] or None)
-                if a.oom
-                else None,
-                requeue=Requeue(
-                    a.requeue.requeued,
-                    a.requeue.reason[:24],
-                    (a.requeue.new_request or "")[:24] or None,
-                )
-                if a.requeue
-                else None,
-            ),
-            Attempt(attempt=a.attempt, oom=OomInfo(a.oom.cause[:16]) if a.oom else None),
-            Attempt(attempt=a.attempt),
-        )
-        for slim in levels:
-            if len(_pack(replace(r, attempts=(slim,)))) < len(_pack(replace(r, attempts=(a,)))):
-                return replace(r, attempts=(slim,))
-        return replace(r, attempts=(), dropped_attempts=r.dropped_attempts + 1)
+def _drop_old_series(r: JobRecord) -> JobRecord | None:
+    return _older_attempt(r, lambda a: _with_series(a, ()) if a.metrics and a.metrics.series
+                  else None)
 
-    return [
-        drop_extra,
-        drop_old_series,
-        halve_last_series,
-        drop_last_series,
-        trim_co_tenants,
-        drop_old_metrics,
-        drop_old_fingerprints,
-        drop_all_co_tenants,
-        drop_middle_attempt,
-        drop_first_attempt,
-        strip_last,
-    ]
+
+def _halve_last_series(r: JobRecord) -> JobRecord | None:
+    # every other point, the latest kept (the end of a plot is what was last seen)
+    a = r.attempts[-1] if r.attempts else None
+    if a is None or a.metrics is None or len(a.metrics.series) <= SERIES_MIN_POINTS:
+        return None
+    s = a.metrics.series
+    return replace(r, attempts=(*r.attempts[:-1], _with_series(a, s[::-1][::2][::-1])))
+
+
+def _drop_last_series(r: JobRecord) -> JobRecord | None:
+    a = r.attempts[-1] if r.attempts else None
+    if a is None or a.metrics is None or not a.metrics.series:
+        return None
+    return replace(r, attempts=(*r.attempts[:-1], _with_series(a, ())))
+
+
+def _drop_all_co_tenants(r: JobRecord) -> JobRecord | None:
+    if not any(a.co_tenants for a in r.attempts):
+        return None
+    return replace(r, attempts=tuple(replace(a, co_tenants=()) for a in r.attempts))
+
+
+def _drop_middle_attempt(r: JobRecord) -> JobRecord | None:
+    # keep the first (what was estimated) and the last (what happened in the end)
+    if len(r.attempts) <= 2:
+        return None
+    return replace(
+        r,
+        attempts=(r.attempts[0], *r.attempts[2:]),
+        dropped_attempts=r.dropped_attempts + 1,
+    )
+
+
+def _drop_first_attempt(r: JobRecord) -> JobRecord | None:
+    if len(r.attempts) <= 1:
+        return None
+    return replace(r, attempts=r.attempts[1:], dropped_attempts=r.dropped_attempts + 1)
+
+
+def _strip_last(r: JobRecord) -> JobRecord | None:
+    # the latest attempt in ever slimmer forms; its number and cause go last
+    if not r.attempts:
+        return None
+    a = r.attempts[-1]
+    levels = (
+        Attempt(
+            attempt=a.attempt,
+            limit_mib=a.limit_mib,
+            gpu=a.gpu,
+            oom=OomInfo(a.oom.cause[:16], (a.oom.pattern_id or "")[:32] or None)
+            if a.oom
+            else None,
+            requeue=Requeue(
+                a.requeue.requeued,
+                a.requeue.reason[:24],
+                (a.requeue.new_request or "")[:24] or None,
+            )
+            if a.requeue
+            else None,
+        ),
+        Attempt(attempt=a.attempt, oom=OomInfo(a.oom.cause[:16]) if a.oom else None),
+        Attempt(attempt=a.attempt),
+    )
+    for slim in levels:
+        if len(_pack(replace(r, attempts=(slim,)))) < len(_pack(replace(r, attempts=(a,)))):
+            return replace(r, attempts=(slim,))
+    return replace(r, attempts=(), dropped_attempts=r.dropped_attempts + 1)
+
+
+_SHRINKERS: tuple[Callable[[JobRecord], JobRecord | None], ...] = (
+    _drop_extra,
+    _drop_old_series,
+    _halve_last_series,
+    _drop_last_series,
+    _trim_co_tenants,
+    _drop_old_metrics,
+    _drop_old_fingerprints,
+    _drop_all_co_tenants,
+    _drop_middle_attempt,
+    _drop_first_attempt,
+    _strip_last,
+)
+"""Steps that each drop some detail, least useful first; a step returns None when it
+has nothing left to drop."""
 
 
 def _fit(rec: JobRecord, budget: int) -> str:
@@ -531,7 +543,7 @@ def _fit(rec: JobRecord, budget: int) -> str:
     if len(text) <= budget:
         return text
     rec = replace(rec, truncated=True)
-    for step in _shrinkers():
+    for step in _SHRINKERS:
         while True:
             text = _pack(rec)
             if len(text) <= budget:
