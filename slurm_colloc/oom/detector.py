@@ -204,6 +204,128 @@ def _context(
     )
 
 
+@dataclass
+class _TailScan:
+    """One backwards scan of a file's tail, chunk by chunk, newest lines first.
+
+    State that the chunks share: what was found per cause, the lowest offset already
+    examined (hits are processed in descending order, so one line is classified once),
+    the line and candidate budgets, and whether the whole tail was seen.
+    """
+
+    fd: int
+    size: int
+    tail_start: int
+    max_line_bytes: int
+    max_candidates: int
+    library: _Library
+    lines_left: int | None
+    found: dict[str, tuple[OomPattern, int, int]] = field(default_factory=dict)
+    floor: int = 0
+    candidates: int = 0
+    scanned: int = 0
+    stop: bool = False
+    complete: bool = True
+
+    def run(self, chunk_bytes: int) -> None:
+        """Scan chunks from the end until the tail is done or a budget says stop."""
+        self.floor = self.size + 1
+        self.complete = self.tail_start == 0
+        b = self.size
+        while b > self.tail_start and not self.stop:
+            a = max(self.tail_start, b - chunk_bytes)
+            if not self._chunk(a, b):
+                break
+            b = a
+
+    def _chunk(self, a: int, b: int) -> bool:
+        """Examine [a, b) (read with a line's margin on both sides); False: file shrank."""
+        buf_start = max(self.tail_start, a - self.max_line_bytes)
+        buf_end = min(self.size, b + self.max_line_bytes)
+        buf = os.pread(self.fd, buf_end - buf_start, buf_start)
+        if len(buf) < buf_end - buf_start:  # file shrank under us: scan what we got
+            buf_end = buf_start + len(buf)
+            if buf_end <= a:
+                return False
+        ra, rb = a - buf_start, min(b, buf_end) - buf_start
+        ra = self._limit_lines(buf, ra, rb)
+        self.scanned += rb - ra
+        for p in self._hits(buf, ra, rb):
+            if buf_start + p >= self.floor:
+                continue  # inside a line (or line window) already examined
+            if self._examine(buf, buf_start, p, at_tail_start=a == self.tail_start):
+                break
+        return True
+
+    def _limit_lines(self, buf: bytes, ra: int, rb: int) -> int:
+        """Start of the region once ``max_lines_per_file`` is counted in."""
+        if self.lines_left is None:
+            return ra
+        nl = buf.count(b"\n", ra, rb)
+        if nl < self.lines_left:
+            self.lines_left -= nl
+            return ra
+        # keep only the last ``lines_left`` lines of the file in this region
+        pos = rb
+        for _ in range(self.lines_left + 1):
+            pos = buf.rfind(b"\n", ra, pos)
+            if pos < 0:
+                break
+        self.stop = True
+        self.complete = False
+        return max(ra, pos + 1)
+
+    def _hits(self, buf: bytes, ra: int, rb: int) -> list[int]:
+        """Offsets in ``buf`` where a needle starts inside [ra, rb), highest first."""
+        hits: list[int] = []
+        for needle in self.library.needles:
+            limit = min(len(buf), rb + len(needle) - 1)
+            p = buf.find(needle, ra, limit)
+            while p >= 0:
+                hits.append(p)
+                p = buf.find(needle, p + 1, limit)
+        return sorted(hits, reverse=True)
+
+    def _examine(self, buf: bytes, buf_start: int, p: int, *, at_tail_start: bool) -> bool:
+        """Classify the line around hit ``p``; True: stop scanning this chunk."""
+        mlb = self.max_line_bytes
+        ls = buf.rfind(b"\n", max(0, p - mlb), p) + 1
+        if ls == 0:
+            ls = max(0, p - mlb)
+        self.floor = buf_start + ls
+        le = buf.find(b"\n", p, p + mlb)
+        if le < 0:
+            le = min(len(buf), p + mlb)
+        self.candidates += 1
+        pat = self.library.classify(buf[ls:le])
+        if pat is not None and pat.cause not in self.found:
+            self.found[pat.cause] = (pat, buf_start + ls, buf_start + le)
+            if pat.cause == "gpu-oom":
+                self.stop = True
+                self.complete = self.complete and at_tail_start
+                return True
+        if self.candidates >= self.max_candidates:
+            self.stop = True
+            self.complete = False
+            return True
+        return False
+
+    def evidences(self) -> list[Evidence]:
+        """What was found, strongest cause first; context lines for the first only."""
+        ordered = sorted(self.found.values(), key=lambda t: CAUSE_PRIORITY[t[0].cause],
+                         reverse=True)
+        out: list[Evidence] = []
+        for pat, ls, le in ordered:
+            line = os.pread(self.fd, le - ls, ls)
+            before, after = _context(self.fd, ls, le, self.size) if not out else ((), ())
+            out.append(Evidence(
+                pattern_id=pat.id, cause=pat.cause, framework=pat.framework,
+                confidence=pat.confidence, offset=ls, line=_clean(line), before=before,
+                after=after,
+            ))
+        return out
+
+
 def _scan_fd(
     fd: int,
     path: str,
@@ -216,101 +338,16 @@ def _scan_fd(
     library: _Library,
 ) -> ScanResult:
     size = os.fstat(fd).st_size
-    tail_start = max(0, size - tail_bytes)
-    complete = tail_start == 0
-    found: dict[str, tuple[OomPattern, int, int]] = {}  # cause -> (pattern, start, end)
-    floor = size + 1  # lowest file offset already examined (hits are processed descending)
-    candidates = 0
-    lines_left = max_lines_per_file
-    b = size
-    scanned = 0
-    stop = False
-    while b > tail_start and not stop:
-        a = max(tail_start, b - chunk_bytes)
-        buf_start = max(tail_start, a - max_line_bytes)
-        buf_end = min(size, b + max_line_bytes)
-        buf = os.pread(fd, buf_end - buf_start, buf_start)
-        if len(buf) < buf_end - buf_start:  # file shrank under us: scan what we got
-            buf_end = buf_start + len(buf)
-            if buf_end <= a:
-                break
-        ra, rb = a - buf_start, min(b, buf_end) - buf_start
-        if lines_left is not None:
-            nl = buf.count(b"\n", ra, rb)
-            if nl >= lines_left:
-                # keep only the last ``lines_left`` lines of the file in this region
-                pos = rb
-                for _ in range(lines_left + 1):
-                    pos = buf.rfind(b"\n", ra, pos)
-                    if pos < 0:
-                        break
-                ra = max(ra, pos + 1)
-                stop = True
-                complete = False
-            else:
-                lines_left -= nl
-        scanned += rb - ra
-        hits: list[tuple[int, bytes]] = []
-        for needle in library.needles:
-            limit = min(len(buf), rb + len(needle) - 1)
-            p = buf.find(needle, ra, limit)
-            while p >= 0:
-                hits.append((p, needle))
-                p = buf.find(needle, p + 1, limit)
-        hits.sort(reverse=True)
-        for p, _needle in hits:
-            if buf_start + p >= floor:
-                continue  # inside a line (or line window) already examined
-            ls = buf.rfind(b"\n", max(0, p - max_line_bytes), p) + 1
-            if ls == 0:
-                ls = max(0, p - max_line_bytes)
-            floor = buf_start + ls
-            le = buf.find(b"\n", p, p + max_line_bytes)
-            if le < 0:
-                le = min(len(buf), p + max_line_bytes)
-            candidates += 1
-            pat = library.classify(buf[ls:le])
-            if pat is not None and pat.cause not in found:
-                found[pat.cause] = (pat, buf_start + ls, buf_start + le)
-                if pat.cause == "gpu-oom":
-                    stop = True
-                    complete = complete and a == tail_start
-                    break
-            if candidates >= max_candidates:
-                stop = True
-                complete = False
-                break
-        b = a
-    if not found:
-        return ScanResult(path, "none", file_size=size, bytes_scanned=scanned, complete=complete)
-    ordered = sorted(found.values(), key=lambda t: CAUSE_PRIORITY[t[0].cause], reverse=True)
-    evidences: list[Evidence] = []
-    for pat, ls, le in ordered:
-        line = os.pread(fd, le - ls, ls)
-        before, after = _context(fd, ls, le, size) if not evidences else ((), ())
-        evidences.append(
-            Evidence(
-                pattern_id=pat.id,
-                cause=pat.cause,
-                framework=pat.framework,
-                confidence=pat.confidence,
-                offset=ls,
-                line=_clean(line),
-                before=before,
-                after=after,
-            )
-        )
-    top = evidences[0]
+    scan = _TailScan(fd, size, max(0, size - tail_bytes), max_line_bytes, max_candidates,
+                     library, max_lines_per_file)
+    scan.run(chunk_bytes)
+    if not scan.found:
+        return ScanResult(path, "none", file_size=size, bytes_scanned=scan.scanned,
+                          complete=scan.complete)
+    top, *rest = scan.evidences()
     cause: ScanCause = top.cause  # type: ignore[assignment]
-    return ScanResult(
-        path,
-        cause,
-        evidence=top,
-        also_seen=tuple(evidences[1:]),
-        file_size=size,
-        bytes_scanned=scanned,
-        complete=complete,
-    )
+    return ScanResult(path, cause, evidence=top, also_seen=tuple(rest), file_size=size,
+                      bytes_scanned=scan.scanned, complete=scan.complete)
 
 
 def scan_file(
