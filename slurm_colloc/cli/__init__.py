@@ -8,9 +8,54 @@ subcommands would add hundreds of milliseconds to each sbatch.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
+
+EXIT_ERROR = 2
+"""Exit status of every CLI error (bad input, missing file, unknown job, broken config)."""
+
+
+def run_cli(main: Callable[..., Any], prog: str, *args: Any, **kwargs: Any) -> Any:
+    """Run a click ``main`` so that every error is one line on stderr and exit 2.
+
+    Click's own errors (usage, bad option values, ``ClickException``) and any other
+    exception become ``PROG: error: MESSAGE``; no traceback unless ``COLLOC_DEBUG=1``.
+    Commands that choose their own exit status (``sys.exit``) keep it.
+    """
+    kwargs["standalone_mode"] = False
+    try:
+        return main(*args, **kwargs)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        where = getattr(getattr(e, "ctx", None), "command_path", None) or prog
+        hint = f" (see {where} -h)" if isinstance(e, click.UsageError) else ""
+        click.echo(f"{where}: error: {_one_line(e.format_message())}{hint}", err=True)
+        sys.exit(EXIT_ERROR)
+    except click.Abort:
+        click.echo(f"{prog}: aborted", err=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (SystemExit, MemoryError):
+        raise
+    except Exception as e:  # the CLI's last line of defence: one line
+        if os.environ.get("COLLOC_DEBUG") == "1":
+            raise
+        msg = _one_line(str(e)) or type(e).__name__
+        if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in msg:
+            msg = f"{e.filename}: {msg}"
+        click.echo(f"{prog}: error: {msg} ({type(e).__name__}; COLLOC_DEBUG=1 shows the "
+                   "traceback)", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 # subcommand name -> "module:attribute" (a click.Command)
 SUBCOMMANDS: dict[str, str] = {
@@ -39,6 +84,10 @@ class LazyGroup(click.Group):
         assert isinstance(cmd, click.Command)
         return cmd
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """As click's, with every error one line and exit 2 (:func:`run_cli`)."""
+        return run_cli(super().main, kwargs.get("prog_name") or "colloc", *args, **kwargs)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="slurm-colloc")
@@ -51,4 +100,4 @@ def report_main() -> Any:
     cmd = main.get_command(click.Context(main), "report")
     if cmd is None:
         raise SystemExit("colloc-report: the report command is not installed yet")
-    return cmd.main(prog_name="colloc-report")
+    return run_cli(cmd.main, "colloc-report", prog_name="colloc-report")

@@ -1,8 +1,17 @@
 """``colloc report`` / ``colloc-report``: a thin click layer over slurm_colloc.report.
 
 Options become a :class:`ReportParams`; :func:`run` returns (exit code, output);
-only this module prints. Exit codes: 0 report shown; 2 unknown job (as seff);
-3 the job has no colloc data (basic facts still shown); 1 Slurm or usage error.
+only this module prints. What is shown:
+
+- one JOB_ID (``123`` or an array task ``123_4``): the job's report (text, ``--json``,
+  ``--html FILE``); an array job's id lists its tasks as a table;
+- several JOB_IDs, or ``--user``/``--account``/``--state``/``--since``: the job table
+  (reportseff-like: memory efficiency, estimate accuracy, OOMs, GPU-hours saved) and
+  the period's totals (collocated jobs, recoveries, accuracy per estimator).
+
+Exit codes: 0 report shown; 2 any error, one line on stderr (unknown job, as seff;
+bad option, unwritable ``--html``, broken config, Slurm unreachable); 3 the job has
+no colloc data (basic facts still shown).
 """
 
 from __future__ import annotations
@@ -11,13 +20,24 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
 from slurm_colloc import config as cfgmod
 
 EXIT_UNKNOWN = 2
+EXIT_ERROR = 2
 EXIT_NO_DATA = 3
+DEFAULT_SINCE = "now-7days"
+"""Start of the period when a filter is given without --since (as reportseff)."""
+
+STATE_CODES = {
+    "CD": "COMPLETED", "F": "FAILED", "R": "RUNNING", "PD": "PENDING", "CA": "CANCELLED",
+    "TO": "TIMEOUT", "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL", "PR": "PREEMPTED",
+    "RQ": "REQUEUED", "S": "SUSPENDED", "CG": "COMPLETING", "BF": "BOOT_FAIL",
+    "DL": "DEADLINE",
+}
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,25 @@ class ReportParams:
     since: str | None
     until: str | None
     user: str | None
+    job_ids: tuple[str, ...] = ()
+    """Further job ids (the table); ``job_id`` is the first."""
+    account: str | None = None
+    states: tuple[str, ...] = ()
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return ((self.job_id,) if self.job_id else ()) + tuple(
+            j for j in self.job_ids if j != self.job_id)
+
+    @property
+    def table(self) -> bool:
+        """A job table rather than one job's report."""
+        return len(self.ids) != 1 or any(
+            (self.since, self.user, self.account, self.states))
+
+
+class ReportError(Exception):
+    """Bad input found while reporting: one line, exit 2."""
 
 
 def _inquirer(cfg: cfgmod.CollocConfig):  # type: ignore[no-untyped-def]
@@ -39,30 +78,116 @@ def _inquirer(cfg: cfgmod.CollocConfig):  # type: ignore[no-untyped-def]
     return SlurmInquirer(SlurmCli(timeout=30), cfg.metrics_dir)
 
 
-@click.command("report")
-@click.argument("job_id", required=False)
+def parse_states(text: str | None) -> tuple[str, ...]:
+    """``--state CD,failed,R`` -> ('COMPLETED', 'FAILED', 'RUNNING')."""
+    out = []
+    for part in (text or "").split(","):
+        p = part.strip().upper()
+        if not p:
+            continue
+        name = STATE_CODES.get(p, p)
+        if name not in STATE_CODES.values():
+            raise click.BadParameter(
+                f"{part.strip()!r}: not a Slurm job state (e.g. COMPLETED or CD, FAILED or "
+                "F, RUNNING or R, PENDING, CANCELLED, TIMEOUT, OUT_OF_MEMORY)",
+                param_hint="--state")
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def _job_id(value: str) -> str:
+    from slurm_colloc.report.inquirer import _JOB_ID
+
+    v = value.strip()
+    if not _JOB_ID.match(v):
+        raise click.BadParameter(f"{value[:40]!r}: not a job id (123, or 123_4 for an array "
+                                 "task)", param_hint="JOB_ID")
+    return v
+
+
+@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--html", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a self-contained HTML page with plots to FILE.")
-@click.option("--since", envvar="COLLOC_REPORT_SINCE",
-              help="Admin view: all jobs since DATE (sacct format, e.g. 2026-11-01 or now-7days).")
-@click.option("--until", help="Admin view: end of the period (default now).")
-@click.option("--user", "-u", help="Admin view: only this user's jobs.")
-def report(job_id: str | None, as_json: bool, html: Path | None, since: str | None,
-           until: str | None, user: str | None) -> None:
-    """Report what the GPU did for JOB_ID (or, with --since, for a period)."""
-    params = ReportParams(job_id, as_json, html, since, until, user)
-    if (job_id is None) == (since is None):
-        raise click.UsageError("give a JOB_ID, or --since DATE for the admin view")
+              help="Also write a self-contained HTML page with plots to FILE (one job).")
+@click.option("--since", "-S", envvar="COLLOC_REPORT_SINCE",
+              help="Jobs since DATE (sacct format, e.g. 2026-11-01 or now-7days; default "
+                   f"{DEFAULT_SINCE} with --user/--account/--state).")
+@click.option("--until", "-E", help="End of the period (default now).")
+@click.option("--user", "-u", help="Only this user's jobs.")
+@click.option("--account", "-A", help="Only this account's jobs.")
+@click.option("--state", "-s", "state", metavar="STATES",
+              help="Only jobs in these states, comma-separated (COMPLETED,FAILED or CD,F).")
+def report(job_ids: tuple[str, ...], as_json: bool, html: Path | None, since: str | None,
+           until: str | None, user: str | None, account: str | None,
+           state: str | None) -> None:
+    """Report what the GPU did for JOB_ID, or a table of jobs.
+
+    \b
+    colloc report 1234                 one job: memory vs limit, co-tenants, OOM, advice
+    colloc report 1234 --html r.html   ... and a page with plots
+    colloc report 1234_7               one task of an array job (1234 lists them all)
+    colloc report -u alice -S now-3days -s CD,F    a table (reportseff-like)
+    """
+    ids = tuple(_job_id(j) for j in job_ids)
+    states = parse_states(state)
+    params = ReportParams(ids[0] if ids else None, as_json, html, since, until, user,
+                          job_ids=ids, account=account, states=states)
+    if not ids and not any((since, user, account, states)):
+        raise click.UsageError("give a JOB_ID, or --user/--account/--state/--since for a "
+                               "table of jobs")
+    if html is not None and params.table:
+        raise click.UsageError("--html is for the report of one job")
+    if html is not None and not html.parent.is_dir():
+        raise click.BadParameter(f"{html}: directory {html.parent} does not exist",
+                                 param_hint="--html")
     from slurm_colloc.slurm.adapter import SlurmError
 
     try:
         cfg = cfgmod.load()
         code = run(params, cfg, _inquirer(cfg))
-    except (SlurmError, cfgmod.ConfigError) as e:
-        click.echo(f"colloc report: {e}", err=True)
-        sys.exit(1)
+    except (SlurmError, cfgmod.ConfigError, ReportError) as e:
+        click.echo(f"colloc report: error: {' '.join(str(e).split())}", err=True)
+        sys.exit(EXIT_ERROR)
     sys.exit(code)
+
+
+def _table(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer: Any,
+           ids: tuple[str, ...]) -> int:
+    from rich.console import Console
+
+    from slurm_colloc.report import admin, jobs
+    from slurm_colloc.report.inquirer import JobQuery
+    from slurm_colloc.report.model import SCHEMA_VERSION
+
+    since = params.since or (DEFAULT_SINCE if not ids else None)
+    q = JobQuery(ids=ids, user=params.user, account=params.account, since=since,
+                 until=params.until, states=params.states)
+    rows = inquirer.query(q)
+    if ids and not rows and not params.states and not params.user and not params.account:
+        raise ReportError(f"job(s) {', '.join(ids)}: not known to Slurm (controller or "
+                          "accounting)")
+    table = jobs.build_table(rows, cfg, q)
+    summary = admin.summarize_period(rows, cfg, since or "-", params.user)
+    # entries sacct gave that could not be read: skipped, named, never fatal
+    table.warnings[:0] = inquirer.warnings()
+    summary.warnings[:0] = inquirer.warnings()
+    if params.as_json:
+        tj = table.to_json()
+        # the period's figures at the top (as the period view always had them; "jobs"
+        # is their count), the job table's rows under "table"
+        d = {"schema_version": SCHEMA_VERSION, **summary.to_json(),
+             "query": tj["query"], "totals": tj["totals"], "table": tj["jobs"],
+             "warnings": list(dict.fromkeys(summary.warnings + table.warnings))}
+        click.echo(json.dumps(d, indent=1))
+        return 0
+    # a wide table: never squeezed below 140 columns (a pipe or file reads as 80)
+    console = Console(highlight=False, width=max(Console().width, 140))
+    console.print(jobs.render(table))
+    if params.since is not None or not ids:
+        console.print("")
+        console.print(admin.render(summary))
+    return 0
 
 
 def run(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer) -> int:  # type: ignore[no-untyped-def]
@@ -70,30 +195,27 @@ def run(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer) -> int:  # typ
     from rich.console import Console
 
     console = Console(highlight=False)
-    if params.since is not None:
-        from slurm_colloc.report import admin
-
-        rows = inquirer.period_rows(params.since, params.until, params.user)
-        summary = admin.summarize_period(rows, cfg, params.since, params.user)
-        # entries sacct gave that could not be read: skipped, named, never fatal
-        summary.warnings[:0] = inquirer.warnings()
-        if params.as_json:
-            click.echo(json.dumps(summary.to_json(), indent=1))
-        else:
-            console.print(admin.render(summary))
-        return 0
+    if params.table:
+        return _table(params, cfg, inquirer, params.ids)
     from slurm_colloc.report import model, text
 
     assert params.job_id is not None
+    job_id = params.job_id.strip()
+    tasks = inquirer.array_tasks(job_id)
+    if tasks and params.html is None:  # an array job: the table of its tasks
+        return _table(params, cfg, inquirer, tuple(tasks))
     try:
-        rep = model.build(params.job_id.strip(), inquirer, cfg)
+        rep = model.build(job_id, inquirer, cfg)
     except model.UnknownJobError as e:
-        click.echo(f"colloc report: {e}", err=True)
+        click.echo(f"colloc report: error: {e}", err=True)
         return EXIT_UNKNOWN
     if params.html is not None:
         from slurm_colloc.report import html
 
-        params.html.write_text(html.render(rep))
+        try:
+            params.html.write_text(html.render(rep))
+        except OSError as e:
+            raise ReportError(f"cannot write {params.html}: {e.strerror or e}") from e
     if params.as_json:
         click.echo(json.dumps(rep.to_json(), indent=1))
     else:

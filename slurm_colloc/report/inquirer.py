@@ -24,7 +24,13 @@ from typing import Any
 
 from slurm_colloc.metrics import store
 from slurm_colloc.slurm import sacct_json
-from slurm_colloc.slurm.adapter import SlurmCli, by_start
+from slurm_colloc.slurm.adapter import (
+    AccountingRecord,
+    SlurmCli,
+    SlurmError,
+    by_start,
+    scontrol_view,
+)
 
 EVIDENCE_TAIL_BYTES = 4096
 """Most bytes of an evidence file the report reads (its end: where the error is)."""
@@ -33,7 +39,8 @@ EVIDENCE_LINES = 4
 EVIDENCE_LINE_CHARS = 240
 
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
-_JOB_ID = re.compile(r"^\d{1,12}$")
+_JOB_ID = re.compile(r"^\d{1,12}(?:_\d{1,9})?$")
+"""A job id as users type it: ``123`` or an array task ``123_4``."""
 
 
 def parse_elapsed(text: str) -> int | None:
@@ -70,6 +77,14 @@ class JobRow:
     alloc_tres: str = ""
     req_tres: str = ""
     admin_comment: str = ""
+    display_id: str = ""
+    """sacct's JobID: ``123_4`` for an array task, else the raw id ('' = same)."""
+    account: str = ""
+
+    @property
+    def shown_id(self) -> str:
+        """The id users know the job by (the array form for array tasks)."""
+        return self.display_id or self.job_id
 
     @classmethod
     def from_fields(cls, f: Mapping[str, str]) -> JobRow:
@@ -81,6 +96,7 @@ class JobRow:
             end=parse_time(f.get("End", "")), elapsed_s=parse_elapsed(f.get("Elapsed", "")),
             node=f.get("NodeList", ""), alloc_tres=f.get("AllocTRES", ""),
             req_tres=f.get("ReqTRES", ""), admin_comment=f.get("AdminComment", ""),
+            display_id=f.get("JobID", ""), account=f.get("Account", ""),
         )
 
 
@@ -148,6 +164,27 @@ def _tail(path: str, st: os.stat_result, lines: int) -> tuple[str, ...]:
     return tuple(kept[-lines:])
 
 
+@dataclass(frozen=True)
+class JobQuery:
+    """Which jobs the job table shows (reportseff-like): ids, or a period with filters."""
+
+    ids: tuple[str, ...] = ()
+    user: str | None = None
+    account: str | None = None
+    since: str | None = None
+    until: str | None = None
+    states: tuple[str, ...] = ()
+    """Slurm state names (upper case, e.g. COMPLETED, FAILED, RUNNING); empty = all."""
+
+    def keeps(self, r: JobRow) -> bool:
+        """Whether ``r`` passes the user/account/state filters (ids are asked for)."""
+        if self.user is not None and r.user != self.user:
+            return False
+        if self.account is not None and r.account != self.account:
+            return False
+        return not self.states or r.state.split(" ")[0] in self.states
+
+
 class Inquirer(abc.ABC):
     """The report's questions; one implementation per source of facts."""
 
@@ -171,6 +208,26 @@ class Inquirer(abc.ABC):
         """Prolog metas per attempt when the node's store is readable here."""
         return {}
 
+    def query(self, q: JobQuery) -> list[JobRow]:
+        """Accounting lines of the jobs ``q`` names or filters (job table)."""
+        if q.ids:
+            rows = [r for j in q.ids for r in self.job_rows(j)]
+            rows += [r for j in q.ids for t in self.array_tasks(j) for r in self.job_rows(t)]
+        else:
+            rows = self.period_rows(q.since or "now-7days", q.until, q.user)
+        seen: set[tuple[str, int | None, str]] = set()
+        out = []
+        for r in rows:
+            key = (r.job_id, r.start, r.state)
+            if key not in seen and q.keeps(r):
+                seen.add(key)
+                out.append(r)
+        return out
+
+    def array_tasks(self, job_id: str) -> list[str]:
+        """The tasks (``123_0``, ...) of array job ``job_id`` ([] when it is no array)."""
+        return []
+
     def warnings(self) -> list[str]:
         """Accounting entries skipped so far (one line each, naming the job)."""
         return []
@@ -188,15 +245,39 @@ class SlurmInquirer(Inquirer):
         self.slurm = slurm
         self.metrics_dir = metrics_dir
         self._warnings: list[str] = []
+        self._acct: dict[str, list[AccountingRecord]] = {}
 
     def warnings(self) -> list[str]:
         return list(self._warnings)
 
+    def _accounting(self, job_id: str) -> list[AccountingRecord]:
+        if job_id not in self._acct:
+            self._acct[job_id] = self.slurm.accounting([job_id])
+        return self._acct[job_id]
+
     def job_rows(self, job_id: str) -> list[JobRow]:
         if not _JOB_ID.match(job_id):
             return []
-        rows = [r for r in self.slurm.accounting([job_id]) if r.job_id == job_id]
+        recs = self._accounting(job_id)
+        if "_" in job_id:  # an array task: Slurm gave its own raw id
+            rows = [r for r in recs if r.fields.get("JobID") == job_id]
+        else:
+            rows = [r for r in recs if r.job_id == job_id
+                    and "_" not in (r.fields.get("JobID") or "")]
         return [JobRow.from_fields(r.fields) for r in by_start(rows)]
+
+    def array_tasks(self, job_id: str) -> list[str]:
+        if not _JOB_ID.match(job_id) or "_" in job_id:
+            return []
+        done = [r.fields.get("JobID", "") for r in self._accounting(job_id)]
+        tasks = {t for t in done if t.startswith(f"{job_id}_")}
+        try:
+            live = self.slurm.jobs()
+        except SlurmError:
+            live = {}
+        tasks |= {f"{j.array_job_id}_{j.array_task_id}" for j in live.values()
+                  if str(j.array_job_id) == job_id and j.array_task_id is not None}
+        return sorted(tasks, key=lambda t: int(t.split("_")[1]))
 
     def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
         # JSON, never --parsable2 (issue 11, M6); one bad entry is skipped, not fatal
@@ -218,7 +299,13 @@ class SlurmInquirer(Inquirer):
     def live(self, job_id: str) -> dict[str, Any] | None:
         if not _JOB_ID.match(job_id):
             return None
-        return self.slurm.show_job(job_id)
+        if "_" not in job_id:
+            return self.slurm.show_job(job_id)
+        arr, task = (int(x) for x in job_id.split("_"))
+        for j in self.slurm.jobs().values():
+            if j.array_job_id == arr and j.array_task_id == task:
+                return scontrol_view(j)
+        return None
 
     def series(self, job_id: str, attempt: int) -> store.Series | None:
         if self.metrics_dir is None:

@@ -314,7 +314,9 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
             record = r
         sub = sub or parse_record(c)
     attempts = list(record.attempts) if record else []
-    metas = inquirer.metas(job_id)
+    # an array task (123_4) has a raw id of its own: the node store is keyed by it
+    raw = last.job_id if last else str((live or {}).get("JobId") or job_id)
+    metas = inquirer.metas(raw)
     restarts = int(str(live.get("Restarts", "0") or "0")) if live else None
     if live is not None and state in RUNNING and state != "PENDING" and (sub or metas):
         n = restarts or 0
@@ -326,7 +328,7 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         views.append(_view(a, _outcome(a, row, i == len(attempts) - 1, state)))
     series: dict[int, store.Series] = {}
     for a, v in zip(attempts, views, strict=True):
-        s = inquirer.series(job_id, v.attempt)
+        s = inquirer.series(raw, v.attempt)
         if s is not None and s.rows:
             series[v.attempt] = s
             _apply_series(v, s)
@@ -337,7 +339,7 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
             v.start = v.start or int(meta.start) or None
         if v.series_source == SOURCE_LOCAL:
             v.series_points = _points(series[v.attempt], v.start)
-        elif (rs := series_from_record(job_id, a)) is not None:
+        elif (rs := series_from_record(raw, a)) is not None:
             # no node-local series here (login host): the record's downsampled one
             series[v.attempt] = rs
             v.series_source = SOURCE_ACCOUNTING

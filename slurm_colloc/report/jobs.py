@@ -1,0 +1,240 @@
+"""The job table: ``colloc report --user U --since DATE`` (reportseff-like, one row a job).
+
+Per job (an array task is a job of its own, shown as ``123_4``): state, elapsed,
+attempts, what it asked for, its limit, estimate and measured peak, **memory
+efficiency** (peak / limit of the last measured attempt), **estimate accuracy**
+((estimate - peak) / peak of the first estimate: positive = over-asked), **OOMs**
+(attempts that died of GPU OOM or an MPS fault) and **GPU-hours saved** against
+whole-GPU allocation (elapsed x (1 - shards / shards per GPU) per shared attempt).
+Jobs without colloc data are listed with their Slurm facts only.
+
+Plain dataclasses and rich: no pandas (not a runtime dependency).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.budget import config_budget
+from slurm_colloc.report.inquirer import JobQuery, JobRow
+from slurm_colloc.report.model import SCHEMA_VERSION
+from slurm_colloc.site.record import parse_record
+
+DEFAULT_SHARDS_PER_GPU = 40
+"""Assumed when ``gpu_memory_mib = 0`` (the table says so)."""
+
+
+@dataclass
+class JobLine:
+    """One row of the job table (None = not known / not measured)."""
+
+    job_id: str
+    """As users know it: ``123`` or ``123_4`` for an array task."""
+    raw_id: str
+    user: str
+    account: str
+    name: str
+    state: str
+    elapsed_s: int | None
+    attempts: int
+    colloc: bool
+    request: str
+    limit_mib: int | None = None
+    estimate_mib: int | None = None
+    estimator: str | None = None
+    peak_mib: int | None = None
+    mem_efficiency: float | None = None
+    """Peak / limit of the last measured attempt (0..1, may exceed 1 outside MPS)."""
+    estimate_error_pct: float | None = None
+    """(first estimate - peak) / peak in percent: positive = asked for more than used."""
+    sm_activity: float | None = None
+    ooms: int = 0
+    gpu_hours: float = 0.0
+    gpu_hours_saved: float = 0.0
+
+
+@dataclass
+class JobTable:
+    """The table and its totals."""
+
+    query: dict[str, Any]
+    jobs: list[JobLine] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        """Sums and medians over the table's colloc jobs."""
+        cj = [j for j in self.jobs if j.colloc]
+        eff = sorted(j.mem_efficiency for j in cj if j.mem_efficiency is not None)
+        acc = sorted(j.estimate_error_pct for j in cj if j.estimate_error_pct is not None)
+        return {
+            "jobs": len(self.jobs), "colloc_jobs": len(cj),
+            "ooms": sum(j.ooms for j in cj),
+            "gpu_hours": round(sum(j.gpu_hours for j in cj), 3),
+            "gpu_hours_saved": round(sum(j.gpu_hours_saved for j in cj), 3),
+            "median_mem_efficiency": eff[len(eff) // 2] if eff else None,
+            "median_estimate_error_pct": acc[len(acc) // 2] if acc else None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object of the table (``schema_version`` first)."""
+        return {"schema_version": SCHEMA_VERSION, "query": self.query,
+                "totals": self.totals, "jobs": [asdict(j) for j in self.jobs],
+                "warnings": list(self.warnings)}
+
+
+def _line(lines: list[JobRow], spg: int) -> JobLine:
+    """One job's row from its accounting lines (oldest attempt first)."""
+    last = lines[-1]
+    rec = None
+    sub = None
+    for ln in lines:
+        rec = try_decode(ln.admin_comment) or rec
+        sub = sub or parse_record(ln.admin_comment)
+    out = JobLine(job_id=last.shown_id, raw_id=last.job_id, user=last.user,
+                  account=last.account, name=last.name, state=last.state,
+                  elapsed_s=sum(ln.elapsed_s or 0 for ln in lines) if any(
+                      ln.elapsed_s is not None for ln in lines) else None,
+                  attempts=len(lines), colloc=bool(rec or sub), request=last.req_tres)
+    if sub is not None:
+        out.request = f"{sub.shards} shards ({sub.alloc_mib} MiB)" + (
+            f", {sub.mode}" if sub.mode else "")
+        out.limit_mib = sub.alloc_mib
+        out.estimate_mib = sub.est_mib or sub.need_mib
+        out.estimator = sub.estimator or sub.mode
+    attempts = rec.attempts if rec else ()
+    out.attempts = max(out.attempts, len(attempts))
+    for i, a in enumerate(attempts):
+        el = lines[i].elapsed_s if len(lines) == len(attempts) else None
+        if el is None and a.start and a.end:
+            el = a.end - a.start
+        hours = max(0, el or 0) / 3600
+        shards = a.shards or spg
+        out.gpu_hours += hours * min(1.0, shards / spg)
+        if shards < spg:
+            out.gpu_hours_saved += hours * (1 - shards / spg)
+        if a.oom and a.oom.cause in ("gpu-oom", "mps-fault"):
+            out.ooms += 1
+    if attempts and attempts[0].estimate and attempts[0].estimate.mib:
+        out.estimate_mib = attempts[0].estimate.mib
+        out.estimator = attempts[0].estimate.estimator
+    measured = [a for a in attempts if a.metrics and a.metrics.peak_mib]
+    if measured:
+        m = measured[-1]
+        peak = m.metrics.peak_mib if m.metrics else None
+        out.peak_mib = peak
+        out.sm_activity = m.metrics.mean_sm_activity if m.metrics else None
+        out.limit_mib = m.limit_mib or out.limit_mib
+        if out.limit_mib and peak is not None:
+            out.mem_efficiency = round(peak / out.limit_mib, 3)
+        ok = [a for a in measured if not a.oom]
+        if ok and out.estimate_mib and ok[-1].metrics and ok[-1].metrics.peak_mib:
+            peak = ok[-1].metrics.peak_mib
+            out.estimate_error_pct = round((out.estimate_mib - peak) / peak * 100, 1)
+    elif attempts and attempts[-1].limit_mib:
+        out.limit_mib = attempts[-1].limit_mib
+    out.gpu_hours = round(out.gpu_hours, 4)
+    out.gpu_hours_saved = round(out.gpu_hours_saved, 4)
+    if not all(math.isfinite(x) for x in (out.gpu_hours, out.gpu_hours_saved)):
+        raise OverflowError("elapsed time out of range")
+    return out
+
+
+def build_table(rows: list[JobRow], cfg: CollocConfig, query: JobQuery) -> JobTable:
+    """The table of ``rows`` (a job's attempts grouped by raw id); pure.
+
+    A job whose data cannot be folded is left out with a warning naming it.
+    """
+    budget = config_budget(cfg)
+    spg = budget.shards_per_gpu if budget else DEFAULT_SHARDS_PER_GPU
+    table = JobTable(query={k: v for k, v in asdict(query).items() if v not in (None, ())})
+    if budget is None:
+        table.warnings.append(f"gpu_memory_mib = 0 in colloc.conf: GPU-hours assume {spg} "
+                              "shards per GPU")
+    by_job: dict[str, list[JobRow]] = {}
+    for r in rows:
+        by_job.setdefault(r.job_id, []).append(r)
+    for raw, lines in by_job.items():
+        lines.sort(key=lambda r: (r.start is None, r.start or 0))
+        try:
+            table.jobs.append(_line(lines, spg))
+        except Exception as e:  # noqa: BLE001 - one bad job never hides the others
+            table.warnings.append(f"job {lines[-1].shown_id or raw}: skipped, its accounting "
+                                  f"data is malformed ({type(e).__name__})")
+    table.jobs.sort(key=lambda j: _sort_key(j.job_id))
+    return table
+
+
+def _sort_key(job_id: str) -> tuple[int, int]:
+    head, _, task = job_id.partition("_")
+    try:
+        return int(head), int(task) if task else -1
+    except ValueError:
+        return (0, 0)
+
+
+def _hms(s: int | None) -> str:
+    if s is None:
+        return "-"
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
+
+
+def _g(mib: int | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}"
+
+
+def render(t: JobTable) -> Any:
+    """rich renderable: the table, totals and warnings (untrusted text as Text)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from slurm_colloc.report.text import _outcome_style, safe
+
+    tab = Table(header_style="bold", box=None, pad_edge=False)
+    for col, just in (("JobID", "left"), ("User", "left"), ("Name", "left"),
+                      ("State", "left"), ("Elapsed", "right"), ("Att.", "right"),
+                      ("Limit GiB", "right"), ("Est. GiB", "right"), ("Peak GiB", "right"),
+                      ("MemEff", "right"), ("Est. err", "right"), ("SM", "right"),
+                      ("OOMs", "right"), ("GPU-h", "right"), ("Saved GPU-h", "right")):
+        tab.add_column(col, justify=just, no_wrap=col != "Name")  # type: ignore[arg-type]
+    for j in t.jobs:
+        eff = "-" if j.mem_efficiency is None else f"{j.mem_efficiency:.0%}"
+        eff_style = ("" if j.mem_efficiency is None else "red" if j.mem_efficiency < 0.5
+                     else "yellow" if j.mem_efficiency < 0.75 else "green")
+        err = "-" if j.estimate_error_pct is None else f"{j.estimate_error_pct:+.0f}%"
+        tab.add_row(
+            safe(j.job_id), safe(j.user), safe(j.name[:24]),
+            safe(j.state, style=_outcome_style(j.state)), _hms(j.elapsed_s), str(j.attempts),
+            _g(j.limit_mib), _g(j.estimate_mib), _g(j.peak_mib), Text(eff, style=eff_style),
+            err, "-" if j.sm_activity is None else f"{j.sm_activity:.0%}",
+            Text(str(j.ooms), style="red" if j.ooms else ""),
+            f"{j.gpu_hours:.2f}" if j.colloc else "-",
+            f"{j.gpu_hours_saved:.2f}" if j.colloc else "-")
+    tot = t.totals
+    what = ", ".join(f"{k} {','.join(v) if isinstance(v, (list, tuple)) else v}"
+                     for k, v in t.query.items()) or "all"
+    title = safe(f"colloc jobs ({what})")
+    title.stylize("bold")
+    med_eff = tot["median_mem_efficiency"]
+    med_err = tot["median_estimate_error_pct"]
+    foot = Text(
+        f"{tot['jobs']} jobs, {tot['colloc_jobs']} with colloc data; "
+        f"median memory efficiency {'-' if med_eff is None else f'{med_eff:.0%}'}, "
+        f"median estimate error {'-' if med_err is None else f'{med_err:+.0f}%'}; "
+        f"OOMs {tot['ooms']}; GPU-hours {tot['gpu_hours']:.2f}, saved "
+        f"{tot['gpu_hours_saved']:.2f} against whole GPUs")
+    parts: list[Any] = [title, tab if t.jobs else Text("  no jobs", style="dim"), Text(""), foot,
+                        Text("MemEff = peak / limit; Est. err = (estimate - peak) / peak "
+                             "(+ = asked for more than used)", style="dim")]
+    if t.warnings:
+        parts += [Text(""), Text("Skipped", style="bold yellow")]
+        parts += [safe(f"  * {w}") for w in t.warnings]
+    return Group(*parts)
