@@ -144,62 +144,88 @@ def run(
     tenancy.write_job_context(ctx.job_id, context_to_json(ctx))
     start_metrics(ctx, cfg)
     if not ctx.is_shared:
-        for gpu in ctx.gpus:
-            with tenancy.locked(gpu):
-                reap_stale(cfg, tenancy, gpu, jobs, taken=taken)
-                busy = [j for u in tenancy.users_on(gpu) for j in tenancy.jobs_of(gpu, u)]
-            if busy:
-                return PrologDecision(
-                    "exclusive", gpu, detail=f"WARNING: GPU {gpu} still serves MPS jobs {busy}"
-                )
-        return PrologDecision("exclusive", ctx.gpus[0], detail="whole GPU, no MPS")
+        return _exclusive(ctx, cfg, tenancy, jobs, taken)
     gpu = ctx.gpus[0]
     gmap = node_gpu_map(cfg)
     info = gmap.by_slurm_index(gpu)
     limit = ctx.shards * cfg.shard_mib
     pinned = budget_of(cfg, info).pinned_limit_mib(ctx.shards)
     gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
-    env = {
-        "CUDA_MPS_PIPE_DIRECTORY": str(tenancy.pipe_dir(gpu, ctx.uid)),
-        "CUDA_MPS_LOG_DIRECTORY": str(tenancy.log_dir(gpu, ctx.uid)),
-        # Slurm's index would name another device, or none, once MPS remaps the
-        # daemon's one GPU for its clients; the UUID names the same GPU either way
-        # (and also if the job ends up outside MPS)
-        "CUDA_VISIBLE_DEVICES": info.uuid,
-        # device 0 = the job's only visible GPU; allocations only: the job's CUDA
-        # context comes on top, so its shards hold allocations + context
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={pinned}M",
-        "COLLOC_GPU": str(gpu),
-        "COLLOC_GPU_UUID": info.uuid,
-        "COLLOC_LIMIT_MIB": str(limit),
-        "COLLOC_PINNED_MIB": str(pinned),
-    }
-    if cfg.active_thread_percentage:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
+    env = _client_env(ctx, cfg, tenancy, gpu, info.uuid, limit, pinned)
     if node_protocol(cfg) == 3:
         env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid, gmap))
         tenancy.write_job_env(ctx.job_id, env, gid)
     else:
-        with tenancy.locked(gpu):
-            reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
-            daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, info.uuid)
-            if not daemon.running():
-                tenancy.prepare_user_dirs(gpu, ctx.uid)
-                daemon.start()
-                if cfg.active_thread_percentage:
-                    daemon.set_defaults(None, cfg.active_thread_percentage)
-                tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
-            tenancy.add_job(gpu, ctx.uid, ctx.job_id)
-            tenancy.write_job_env(ctx.job_id, env, gid)
-            # server side: a client that drops its own limit (env -i, --cleanenv) gets
-            # its user's total share of this GPU, not the whole GPU (docs/node.md)
-            daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
+        _v2_setup(ctx, cfg, tenancy, jobs, taken, env, gid, info.uuid)
     hard = hard_limit(ctx, cfg, info.index, limit)
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
         detail=f"{ctx.shards} shards x {cfg.shard_mib} MiB on GPU {gpu} ({info.uuid}), "
                f"pinned {pinned} MiB; hard limit: {hard}",
     )
+
+
+def _exclusive(
+    ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy,
+    jobs: Mapping[int, SlurmJob] | None, taken: float | None,
+) -> PrologDecision:
+    """A whole-GPU job: no MPS; stale MPS registrations on its GPUs are reaped first."""
+    for gpu in ctx.gpus:
+        with tenancy.locked(gpu):
+            reap_stale(cfg, tenancy, gpu, jobs, taken=taken)
+            busy = [j for u in tenancy.users_on(gpu) for j in tenancy.jobs_of(gpu, u)]
+        if busy:
+            return PrologDecision(
+                "exclusive", gpu, detail=f"WARNING: GPU {gpu} still serves MPS jobs {busy}"
+            )
+    return PrologDecision("exclusive", ctx.gpus[0], detail="whole GPU, no MPS")
+
+
+def _client_env(
+    ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, gpu: int, uuid: str, limit: int,
+    pinned: int,
+) -> dict[str, str]:
+    """What the TaskProlog exports to a shared job (MPS v2 pipe directory; v3 replaces it)."""
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(tenancy.pipe_dir(gpu, ctx.uid)),
+        "CUDA_MPS_LOG_DIRECTORY": str(tenancy.log_dir(gpu, ctx.uid)),
+        # Slurm's index would name another device, or none, once MPS remaps the
+        # daemon's one GPU for its clients; the UUID names the same GPU either way
+        # (and also if the job ends up outside MPS)
+        "CUDA_VISIBLE_DEVICES": uuid,
+        # device 0 = the job's only visible GPU; allocations only: the job's CUDA
+        # context comes on top, so its shards hold allocations + context
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={pinned}M",
+        "COLLOC_GPU": str(gpu),
+        "COLLOC_GPU_UUID": uuid,
+        "COLLOC_LIMIT_MIB": str(limit),
+        "COLLOC_PINNED_MIB": str(pinned),
+    }
+    if cfg.active_thread_percentage:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(cfg.active_thread_percentage)
+    return env
+
+
+def _v2_setup(
+    ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, jobs: Mapping[int, SlurmJob] | None,
+    taken: float | None, env: dict[str, str], gid: int, uuid: str,
+) -> None:
+    """MPS v2: the (GPU, user) daemon, started if needed, and the job registered on it."""
+    gpu = ctx.gpus[0]
+    with tenancy.locked(gpu):
+        reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
+        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, uuid)
+        if not daemon.running():
+            tenancy.prepare_user_dirs(gpu, ctx.uid)
+            daemon.start()
+            if cfg.active_thread_percentage:
+                daemon.set_defaults(None, cfg.active_thread_percentage)
+            tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
+        tenancy.add_job(gpu, ctx.uid, ctx.job_id)
+        tenancy.write_job_env(ctx.job_id, env, gid)
+        # server side: a client that drops its own limit (env -i, --cleanenv) gets
+        # its user's total share of this GPU, not the whole GPU (docs/node.md)
+        daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
 
 
 def _v3_setup(
