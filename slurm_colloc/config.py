@@ -3,7 +3,9 @@
 Every component (prolog, epilog, sidecar, CLI, devcluster) reads its settings from
 one TOML file, ``/etc/slurm/colloc.conf`` or the file named by ``$COLLOC_CONF``.
 Defaults live here and only here; ``docs/configuration.md`` is generated from the
-field docstrings (``colloc config --defaults``). Unknown keys and wrong types are
+field docstrings (``colloc config --defaults --markdown``; a unit test keeps the
+checked-in file equal to what it prints). Keys colloc no longer reads
+(:data:`DEPRECATED`) still load, with a :class:`ConfigWarning`. Unknown keys and wrong types are
 rejected with a message naming the key, because a misspelt key that silently falls
 back to a default is how a site ends up running something it did not ask for.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
@@ -23,13 +26,23 @@ ENV_VAR = "COLLOC_CONF"
 GpuBackendName = Literal["nvml", "sim"]
 HistorySource = Literal["accounting", "sqlite"]
 StepUpPolicy = Literal["whole-gpu", "step"]
-MultiUserPolicy = Literal["one-user-per-gpu", "multi-user-mps"]
 EnforceAction = Literal["kill", "flag", "off"]
 MpsProtocol = Literal["2", "3", "auto"]
 
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used as written."""
+
+
+class ConfigWarning(UserWarning):
+    """A configuration file that loads, but sets something colloc no longer reads."""
+
+
+DEPRECATED: dict[str, str] = {
+    "multi_user_policy": "it was never read: jobs of different users share a GPU as "
+                         "mps_protocol says (docs/node.md); remove the line",
+}
+"""Keys colloc no longer knows: a file that sets one still loads, with a warning."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +126,6 @@ class CollocConfig:
     ``auto``: 3 where ``mps_control -p 3 -h`` offers it, else 2. The default stays 2
     until ``colloc selftest --gpu`` has passed on the site's r615 nodes: v3 support is
     written against NVIDIA's documentation only."""
-    multi_user_policy: MultiUserPolicy = "one-user-per-gpu"
-    """How jobs of different users share a GPU (see docs/node.md)."""
 
     # --- OOM recovery ------------------------------------------------------------------
     requeue_on_oom: bool = True
@@ -140,10 +151,10 @@ class CollocConfig:
     metrics_retention_days: int = 14
     """Per-job time series older than this are deleted."""
     admin_comment_max_bytes: int = 4096
+    """Size cap of the encoded record written to AdminComment."""
     series_points: int = 48
     """Points of each attempt's downsampled memory/SM series kept in the accounting
     record, so ``colloc-report`` can plot it from any host (0: none)."""
-    """Size cap of the encoded record written to AdminComment."""
     metrics_max_rows: int = 10000
     """Cap on rows of one attempt's time series; past it, rows are merged pairwise
     (peaks kept) and the sampling stride doubles, so a long job stays bounded."""
@@ -232,6 +243,10 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     """Build a config from parsed TOML, rejecting unknown keys and wrong types."""
     hints = get_type_hints(CollocConfig, include_extras=False)
     known = {f.name for f in dataclasses.fields(CollocConfig)}
+    for key in sorted(set(data) & set(DEPRECATED)):
+        warnings.warn(f"{origin}: {key} is deprecated and ignored: {DEPRECATED[key]}",
+                      ConfigWarning, stacklevel=2)
+    data = {k: v for k, v in data.items() if k not in DEPRECATED}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(

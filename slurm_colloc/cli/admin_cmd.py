@@ -23,6 +23,10 @@ def _slurm_conf(path: Path | None) -> Path:
     return path or Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()).rstrip(".")
+
+
 def _load_config() -> config_mod.CollocConfig:
     try:
         return config_mod.load()
@@ -86,7 +90,10 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     except (site.InstallError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     except GpuBackendError as e:  # the controller often has no GPU to detect
-        raise click.ClickException(f"{e}\npass --gpu-memory-mib (once per GPU size)") from e
+        raise click.ClickException(
+            f"gpu_memory_mib = 0 asks this host's GPUs for their size, and it has none "
+            f"usable ({_one_line(e)}); pass --gpu-memory-mib (once per GPU size) or set "
+            "gpu_memory_mib in colloc.conf") from e
     try:
         headers: Path | None = site.find_spank_header(slurm_include)
         missing = ""
@@ -165,7 +172,13 @@ def gres_conf(device_pattern: str, node_name: str | None) -> None:
     from slurm_colloc.gpu.select import gpus_from_config
 
     cfg = _load_config()
-    text, node_gres = site.gres_conf_lines(gpus_from_config(cfg), cfg, device_pattern, node_name)
+    try:
+        gpus = gpus_from_config(cfg)
+        text, node_gres = site.gres_conf_lines(gpus, cfg, device_pattern, node_name)
+    except GpuBackendError as e:  # a controller or login host: no GPU, no NVML
+        raise click.ClickException(
+            f"cannot list this host's GPUs ({_one_line(e)}); run colloc admin gres-conf on "
+            "a GPU node of each type") from e
     click.echo(text, nl=False)
     click.echo(f"# slurm.conf NodeName=... {node_gres}")
 
