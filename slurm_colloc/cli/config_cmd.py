@@ -47,8 +47,9 @@ def _type_text(hint: object, sep: str = " \\| ") -> str:
         return "list of strings"
     if origin is dict:
         return "table of strings"
-    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
-        hint, str(hint))  # type: ignore[call-overload]
+    names: dict[object, str] = {bool: "boolean", int: "integer", float: "number",
+                                 str: "string"}
+    return names.get(hint, str(hint))
 
 
 def _value_text(v: object) -> str:
