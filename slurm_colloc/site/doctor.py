@@ -70,34 +70,44 @@ def _lua_number(text: str, key: str) -> int | None:
 
 def check_files(slurm_conf: Path, cfg: CollocConfig) -> list[Finding]:
     """Static checks of slurm.conf, plugstack, the Lua filters and gres.conf."""
-    f: list[Finding] = []
     if not slurm_conf.exists():
         return [Finding("fail", f"{slurm_conf} not found", "set SLURM_CONF or --slurm-conf")]
     conf = read_conf(slurm_conf)
     d = slurm_conf.parent
+    return [*_check_conf_keys(conf), _check_plugin(conf, d), *_check_lua(d, cfg),
+            _check_gres(d / "gres.conf")]
 
-    def need(key: str, pred: bool, fix: str) -> None:
-        f.append(Finding("ok", f"slurm.conf {key}") if pred else Finding(
-            "fail", f"slurm.conf {key}", fix))
 
-    need("SelectType", conf.get("selecttype") == "select/cons_tres",
-         "SelectType=select/cons_tres (gres/shard needs it)")
-    need("GresTypes", "shard" in conf.get("grestypes", "").split(","),
-         "GresTypes=gpu,shard")
-    need("CliFilterPlugins", "lua" in conf.get("clifilterplugins", "").split(","),
-         "CliFilterPlugins=lua")
-    need("JobSubmitPlugins", "lua" in conf.get("jobsubmitplugins", "").split(","),
-         "JobSubmitPlugins=lua")
+def _check_conf_keys(conf: dict[str, str]) -> list[Finding]:
+    def need(key: str, pred: bool, fix: str) -> Finding:
+        return Finding("ok", f"slurm.conf {key}") if pred else Finding(
+            "fail", f"slurm.conf {key}", fix)
+
+    return [
+        need("SelectType", conf.get("selecttype") == "select/cons_tres",
+             "SelectType=select/cons_tres (gres/shard needs it)"),
+        need("GresTypes", "shard" in conf.get("grestypes", "").split(","),
+             "GresTypes=gpu,shard"),
+        need("CliFilterPlugins", "lua" in conf.get("clifilterplugins", "").split(","),
+             "CliFilterPlugins=lua"),
+        need("JobSubmitPlugins", "lua" in conf.get("jobsubmitplugins", "").split(","),
+             "JobSubmitPlugins=lua"),
+    ]
+
+
+def _check_plugin(conf: dict[str, str], d: Path) -> Finding:
     plugstack = Path(conf.get("plugstackconfig", str(d / "plugstack.conf")))
-    plugins = _plugstack_plugins(plugstack)
-    ours = [p for p in plugins if p.endswith(PLUGIN_NAME)]
+    ours = [p for p in _plugstack_plugins(plugstack) if p.endswith(PLUGIN_NAME)]
     if not ours:
-        f.append(Finding("fail", "SPANK plugin", f"{plugstack} loads no {PLUGIN_NAME}; "
-                         "run `colloc admin install` and set PlugStackConfig"))
-    elif not Path(ours[0]).exists():
-        f.append(Finding("fail", "SPANK plugin", f"{ours[0]} does not exist; rerun install"))
-    else:
-        f.append(Finding("ok", "SPANK plugin", ours[0]))
+        return Finding("fail", "SPANK plugin", f"{plugstack} loads no {PLUGIN_NAME}; "
+                       "run `colloc admin install` and set PlugStackConfig")
+    if not Path(ours[0]).exists():
+        return Finding("fail", "SPANK plugin", f"{ours[0]} does not exist; rerun install")
+    return Finding("ok", "SPANK plugin", ours[0])
+
+
+def _check_lua(d: Path, cfg: CollocConfig) -> list[Finding]:
+    f: list[Finding] = []
     js, cf = d / "job_submit.lua", d / "cli_filter.lua"
     for lua in (js, cf):
         if not lua.exists():
@@ -107,8 +117,7 @@ def check_files(slurm_conf: Path, cfg: CollocConfig) -> list[Finding]:
         else:
             f.append(Finding("ok", lua.name, str(lua)))
     if js.exists():
-        text = js.read_text(errors="replace")
-        shard = _lua_number(text, "shard_mib")
+        shard = _lua_number(js.read_text(errors="replace"), "shard_mib")
         if shard != cfg.shard_mib:
             f.append(Finding("fail", "shard size", f"job_submit.lua has shard_mib={shard}, "
                              f"colloc.conf {cfg.shard_mib}; rerun `colloc admin install`"))
@@ -117,21 +126,20 @@ def check_files(slurm_conf: Path, cfg: CollocConfig) -> list[Finding]:
         if m and not Path(m.group(1)).exists():
             f.append(Finding("fail", "estimator", f"cli_filter.lua runs {m.group(1)}, "
                              "which does not exist on this host"))
-    gres = d / "gres.conf"
-    if gres.exists():
-        shard_lines = [ln for ln in gres.read_text().splitlines()
-                       if re.search(r"Name=shard", ln) and not ln.lstrip().startswith("#")]
-        if not shard_lines:
-            f.append(Finding("fail", "gres.conf", "no Name=shard lines; "
-                             "see `colloc admin gres-conf`"))
-        elif any("File=" not in ln for ln in shard_lines):
-            f.append(Finding("warn", "gres.conf", "shard lines without File=: Slurm cannot keep "
-                             "a job's shards on one GPU; use one line per GPU"))
-        else:
-            f.append(Finding("ok", "gres.conf", f"{len(shard_lines)} per-GPU shard lines"))
-    else:
-        f.append(Finding("warn", "gres.conf", f"{gres} not found (configless or per-node?)"))
     return f
+
+
+def _check_gres(gres: Path) -> Finding:
+    if not gres.exists():
+        return Finding("warn", "gres.conf", f"{gres} not found (configless or per-node?)")
+    shard_lines = [ln for ln in gres.read_text().splitlines()
+                   if re.search(r"Name=shard", ln) and not ln.lstrip().startswith("#")]
+    if not shard_lines:
+        return Finding("fail", "gres.conf", "no Name=shard lines; see `colloc admin gres-conf`")
+    if any("File=" not in ln for ln in shard_lines):
+        return Finding("warn", "gres.conf", "shard lines without File=: Slurm cannot keep "
+                       "a job's shards on one GPU; use one line per GPU")
+    return Finding("ok", "gres.conf", f"{len(shard_lines)} per-GPU shard lines")
 
 
 def check_live(adapter: SlurmAdapter | None = None) -> list[Finding]:
@@ -359,58 +367,70 @@ def check_node(cfg: CollocConfig, slurm_conf: Path | None = None,
                         "(controller or login host; on a GPU node the NVIDIA driver is not "
                         "loaded): MPS control, node scripts, PrologFlags, state directories, "
                         "DCGM, containers"), *check_scripts(None)]
-    f: list[Finding] = []
+    return [
+        check_mps_control(cfg), *check_wiring(slurm_conf), check_mps_root(cfg),
+        *check_dirs(cfg), *check_dcgm(cfg), *check_containers(cfg, slurm_conf),
+        *check_scripts(slurm_conf),
+    ]
+
+
+def check_mps_control(cfg: CollocConfig) -> Finding:
+    """The MPS control program exists and speaks the protocol ``mps_protocol`` asks."""
     binary = shutil.which(cfg.mps_control) or cfg.mps_control
     if not os.access(binary, os.X_OK):
-        f.append(Finding("fail", "MPS control", f"{cfg.mps_control} not found or not "
-                         "executable: install the NVIDIA driver's utilities or set mps_control"))
-    else:
-        from slurm_colloc.mps.v3 import detect
+        return Finding("fail", "MPS control", f"{cfg.mps_control} not found or not "
+                       "executable: install the NVIDIA driver's utilities or set mps_control")
+    from slurm_colloc.mps.v3 import detect
 
-        cap = detect(binary)
-        want = cfg.mps_protocol
-        level: Level = "ok"
-        detail = f"{binary}: MPS v{cap.protocol} ({cap.detail}); mps_protocol = {want}"
-        if want == "3" and cap.protocol != 3:
-            level, detail = "fail", detail + ": this node has no MPS v3 (driver r615+)"
-        elif want == "2" and cap.protocol == 3:
-            level, detail = "warn", detail + (": v3 available; set mps_protocol = \"auto\" "
-                                              "after `colloc selftest --gpu` passes")
-        f.append(Finding(level, "MPS control", detail))
-    if slurm_conf is not None and slurm_conf.exists():
-        conf = read_conf(slurm_conf)
-        for key in ("prolog", "taskprolog", "epilog"):
-            path = conf.get(key, "")
-            if not path:
-                f.append(Finding("fail", f"slurm.conf {key}", "not set: see `colloc admin "
-                                 "install` for the line"))
-            elif not os.access(path, os.X_OK):
-                f.append(Finding("fail", f"slurm.conf {key}", f"{path} is not an executable "
-                                 "on this node"))
-            else:
-                f.append(Finding("ok", f"slurm.conf {key}", path))
-        flags = {x.strip().lower() for x in conf.get("prologflags", "").split(",")}
-        f.append(Finding("ok", "PrologFlags", ",".join(sorted(flags))) if "alloc" in flags
-                 else Finding("fail", "PrologFlags", "PrologFlags=Alloc,Contain: the prolog "
-                              "must run at allocation, before any step"))
+    cap = detect(binary)
+    want = cfg.mps_protocol
+    level: Level = "ok"
+    detail = f"{binary}: MPS v{cap.protocol} ({cap.detail}); mps_protocol = {want}"
+    if want == "3" and cap.protocol != 3:
+        level, detail = "fail", detail + ": this node has no MPS v3 (driver r615+)"
+    elif want == "2" and cap.protocol == 3:
+        level, detail = "warn", detail + (": v3 available; set mps_protocol = \"auto\" "
+                                          "after `colloc selftest --gpu` passes")
+    return Finding(level, "MPS control", detail)
+
+
+def check_wiring(slurm_conf: Path | None) -> list[Finding]:
+    """slurm.conf's Prolog/TaskProlog/Epilog are executables here; PrologFlags=Alloc."""
+    if slurm_conf is None or not slurm_conf.exists():
+        return []
+    f: list[Finding] = []
+    conf = read_conf(slurm_conf)
+    for key in ("prolog", "taskprolog", "epilog"):
+        path = conf.get(key, "")
+        if not path:
+            f.append(Finding("fail", f"slurm.conf {key}", "not set: see `colloc admin "
+                             "install` for the line"))
+        elif not os.access(path, os.X_OK):
+            f.append(Finding("fail", f"slurm.conf {key}", f"{path} is not an executable "
+                             "on this node"))
+        else:
+            f.append(Finding("ok", f"slurm.conf {key}", path))
+    flags = {x.strip().lower() for x in conf.get("prologflags", "").split(",")}
+    f.append(Finding("ok", "PrologFlags", ",".join(sorted(flags))) if "alloc" in flags
+             else Finding("fail", "PrologFlags", "PrologFlags=Alloc,Contain: the prolog "
+                          "must run at allocation, before any step"))
+    return f
+
+
+def check_mps_root(cfg: CollocConfig) -> Finding:
+    """``mps_root`` is root's own directory (root writes MPS state there)."""
     root = Path(cfg.mps_root)
     try:
         st = root.lstat()
     except FileNotFoundError:
-        f.append(Finding("ok", "mps_root", f"{root} (created by the first prolog)"))
+        return Finding("ok", "mps_root", f"{root} (created by the first prolog)")
     except OSError as e:
-        f.append(Finding("fail", "mps_root", f"{root}: {e.strerror}"))
-    else:
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            f.append(Finding("fail", "mps_root", f"{root} must be a directory of root's that "
-                             "only root can write (not a symlink)"))
-        else:
-            f.append(Finding("ok", "mps_root", str(root)))
-    f += check_dirs(cfg)
-    f += check_dcgm(cfg)
-    f += check_containers(cfg, slurm_conf)
-    f += check_scripts(slurm_conf)
-    return f
+        return Finding("fail", "mps_root", f"{root}: {e.strerror}")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        return Finding("fail", "mps_root", f"{root} must be a directory of root's that "
+                       "only root can write (not a symlink)")
+    return Finding("ok", "mps_root", str(root))
+
 
 
 # --- node: directories, DCGM, containers, installed scripts ---------------------------
