@@ -92,6 +92,17 @@ def decide(
     then the co-tenant's doing: the victim is requeued with the same request, not
     moved to a whole GPU (that would reward the offender with the GPU it took).
     """
+    refusal = _refusal(cause=cause, shards=shards, shards_per_gpu=shards_per_gpu,
+                       restarts=restarts, cfg=cfg, colloc_placed=colloc_placed)
+    if refusal is not None:
+        return refusal
+    return _shared_next(cause=cause, shards=shards, shards_per_gpu=shards_per_gpu,
+                        restarts=restarts, estimate_mib=estimate_mib, cfg=cfg, culprit=culprit)
+
+
+def _refusal(*, cause: str, shards: int, shards_per_gpu: int, restarts: int,
+             cfg: CollocConfig, colloc_placed: bool) -> RequeueDecision | None:
+    """Why the job is not requeued (or a whole-GPU job's MPS fault), None to go on."""
     if not colloc_placed:
         return RequeueDecision(False, shards, NOT_PLACED_REASON)
     if cause == "cuda-fatal" and (shards <= 0 or shards >= shards_per_gpu):
@@ -112,6 +123,13 @@ def decide(
             "out of GPU memory on a whole GPU: the job needs more memory than one GPU "
             "has (smaller batch, mixed precision or a bigger GPU); not requeued",
         )
+    return None
+
+
+def _shared_next(*, cause: str, shards: int, shards_per_gpu: int, restarts: int,
+                 estimate_mib: int | None, cfg: CollocConfig,
+                 culprit: str | None) -> RequeueDecision:
+    """The next request of a shared job that is requeued."""
     if cause == "mps-fault":
         return RequeueDecision(True, shards, MPS_FAULT_REASON)
     if cause == "gpu-oom" and culprit:
