@@ -560,7 +560,7 @@ class SimJob:
             time.sleep(min(TICK_S, max(0.001, (work - done) / scale)))
             now = time.monotonic()
             tenants = read_records(self.job.state_dir, self.device)
-            rate = rate_for(tenants) * cap
+            rate = rate_for(tenants, self.pid) * cap
             done = min(work, done + (now - last) * scale * rate)
             last = now
             while next_report <= 10 and done >= work * next_report / 10:
