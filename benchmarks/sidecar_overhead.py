@@ -84,7 +84,7 @@ def main() -> int:
     rows = sum(1 for f in (metrics / "jobs").glob("*/series-0.tsv")
                for line in f.read_text().splitlines() if not line.startswith("#"))
 
-    from slurm_colloc.metrics.launch import collector_running
+    from slurm_colloc.node.metrics_launch import collector_running
 
     n = 2000
     s = time.perf_counter()

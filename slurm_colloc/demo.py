@@ -86,7 +86,7 @@ def _sbatch(cluster: Cluster, workdir: Path, job: DemoJob) -> int:
 
 def _submit_table(slurm: SlurmCli, ids: dict[str, int], budget: GpuBudget) -> Table:
     """Estimate, memory asked for, shards and MPS limit per job, from job_submit's record."""
-    from slurm_colloc.site.record import parse_record
+    from slurm_colloc.accounting.submit_record import parse_record
 
     table = Table("job", "id", "how the size was set", "estimate (incl. margin)", "asked",
                   "shards", "MPS limit")

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from slurm_colloc.accounting.codec import try_decode
-from slurm_colloc.site.record import parse_record
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.slurm.adapter import AccountingRecord, SlurmAdapter, by_start
 
 OOM_TEXT = "torch.OutOfMemoryError"

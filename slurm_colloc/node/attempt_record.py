@@ -17,10 +17,10 @@ import time
 from dataclasses import replace
 
 from slurm_colloc.accounting.record import Attempt, Estimate, MetricsSummary, OomInfo, Requeue
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
 from slurm_colloc.node.job import JobContext
-from slurm_colloc.site.record import parse_record
 
 
 def build_attempt(

@@ -124,7 +124,7 @@ def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:
 
 def estimate_of(ctx: JobContext) -> int | None:
     """The submit-time estimate in MiB, if job_submit recorded one."""
-    from slurm_colloc.site.record import parse_record
+    from slurm_colloc.accounting.submit_record import parse_record
 
     rec = parse_record(ctx.admin_comment)
     return rec.est_mib or rec.need_mib if rec else None
@@ -234,7 +234,7 @@ def _shards_per_gpu_or_fallback(
     ``shard_mib``), then the site's ``gpu_memory_mib`` / ``shard_mib``. None when
     nothing is known.
     """
-    from slurm_colloc.site.record import parse_record
+    from slurm_colloc.accounting.submit_record import parse_record
 
     try:
         return shards_per_gpu(cfg, ctx.gpu)
@@ -356,8 +356,8 @@ def _record_text(
     field): the caller records the error and requeues regardless.
     """
     from slurm_colloc.accounting.codec import append_attempt
+    from slurm_colloc.accounting.submit_record import parse_record
     from slurm_colloc.node.attempt_record import build_attempt
-    from slurm_colloc.site.record import parse_record
 
     if parse_record(ctx.admin_comment) is None and not ctx.is_shared and result.cause == "none":
         return None

@@ -67,7 +67,7 @@ class JobContext:
     @property
     def whole_gpu(self) -> bool:
         """job_submit turned a one-GPU request into all shards of a GPU (mode=whole)."""
-        from slurm_colloc.site.record import parse_record
+        from slurm_colloc.accounting.submit_record import parse_record
 
         rec = parse_record(self.admin_comment)
         return rec is not None and rec.mode == "whole"

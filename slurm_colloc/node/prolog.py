@@ -288,9 +288,9 @@ def hard_limit(ctx: JobContext, cfg: CollocConfig, gpu: int, limit_mib: int) -> 
 
 
 def start_metrics(ctx: JobContext, cfg: CollocConfig) -> None:
-    """Metrics sidecar (:mod:`slurm_colloc.metrics.launch`); never in the job's way."""
+    """Metrics sidecar (:mod:`slurm_colloc.node.metrics_launch`); never in the job's way."""
     try:
-        from slurm_colloc.metrics.launch import ensure_collector
+        from slurm_colloc.node.metrics_launch import ensure_collector
 
         ensure_collector(ctx, cfg)
     except Exception as e:  # noqa: BLE001 - metrics are optional; MPS set-up is not

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.report.inquirer import JobQuery, JobRow
 from slurm_colloc.report.model import SCHEMA_VERSION
-from slurm_colloc.site.record import parse_record
 
 DEFAULT_SHARDS_PER_GPU = 40
 """Assumed when ``gpu_memory_mib = 0`` (the table says so)."""

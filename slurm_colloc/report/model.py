@@ -16,12 +16,12 @@ from typing import Any
 
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.accounting.record import Attempt, JobRecord
+from slurm_colloc.accounting.submit_record import CollocRecord, parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
 from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_time
-from slurm_colloc.site.record import CollocRecord, parse_record
 
 SOURCE_LOCAL = "node-local"
 SOURCE_ACCOUNTING = "accounting"

@@ -37,6 +37,6 @@ reaches the Prolog environment. The trusted record is the job's AdminComment
 memory Slurm reserved on the GPU: the MPS limit to enforce.
 """
 
-from slurm_colloc.site.record import RECORD_PREFIX, CollocRecord, parse_record
+from slurm_colloc.accounting.submit_record import RECORD_PREFIX, CollocRecord, parse_record
 
 __all__ = ["RECORD_PREFIX", "CollocRecord", "parse_record"]

@@ -15,56 +15,27 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_colloc.slurm import sacct_json
+from slurm_colloc.slurm.records import SACCT_FIELDS, AccountingRecord, SlurmError
 from slurm_colloc.slurm.squeue_json import SlurmJob, SqueueJsonError, parse_jobs
 
-SACCT_FIELDS = (  # the names AccountingRecord.fields carries (sacct --format names)
-    "JobIDRaw",
-    "JobName",
-    "User",
-    "State",
-    "ExitCode",
-    "Submit",
-    "Start",
-    "End",
-    "Elapsed",
-    "AllocTRES",
-    "ReqTRES",
-    "NodeList",
-    "AdminComment",
-    "Comment",
-    "JobID",
-    "Account",
-)
-
+__all__ = [
+    "SACCT_FIELDS",
+    "TERMINAL_STATES",
+    "AccountingRecord",
+    "SlurmAdapter",
+    "SlurmCli",
+    "SlurmError",
+    "by_start",
+    "job_state",
+    "scontrol_view",
+    "wait_for_jobs",
+]
 
 MAX_HISTORY_JOBS = 5000
 """At most this many of a user's newest finished jobs are read for the history."""
-
-
-class SlurmError(RuntimeError):
-    """A Slurm command failed; the message carries the command and its stderr."""
-
-
-@dataclass(frozen=True)
-class AccountingRecord:
-    """One job (not step) record from ``sacct --json``, by its ``--format`` names.
-
-    ``fields`` has every name of :data:`SACCT_FIELDS` in sacct's text formats (local
-    ISO times or ``Unknown``, ``[D-]HH:MM:SS``, ``N:S``, ``type/name=count`` TRES);
-    see :mod:`slurm_colloc.slurm.sacct_json` for the mapping.
-    """
-
-    job_id: str
-    state: str
-    fields: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> str:
-        """``N:S`` (exit status : signal) as sacct prints it."""
-        return self.fields.get("ExitCode", "")
 
 
 def by_start(records: Sequence[AccountingRecord]) -> list[AccountingRecord]:
@@ -260,8 +231,6 @@ class SlurmCli(SlurmAdapter):
 
     def accounting(self, job_ids: Sequence[int | str]) -> list[AccountingRecord]:
         # JSON, never --parsable2: its '|' and newlines are not escaped (issue 11, M6)
-        from slurm_colloc.slurm import sacct_json
-
         if not job_ids:
             return []
         cp = self.run(
@@ -278,8 +247,6 @@ class SlurmCli(SlurmAdapter):
         # far too much for a submit-time lookup. So the user's COMPLETED job ids come
         # from the text form, which honours --user (only digits are taken from it), and
         # only those jobs are read as JSON. User and state are still checked on the JSON.
-        from slurm_colloc.slurm import sacct_json
-
         if not user or not all(c.isalnum() or c in "._-@$" for c in user):
             raise SlurmError(f"not a user name: {user[:40]!r}")
         days = max(1, int(since_days))

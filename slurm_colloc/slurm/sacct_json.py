@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from slurm_colloc.slurm.adapter import SACCT_FIELDS, AccountingRecord, SlurmError
+from slurm_colloc.slurm.records import SACCT_FIELDS, AccountingRecord, SlurmError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from slurm_colloc.devcluster import daemons
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.layout import Layout, Spec
 from slurm_colloc.metrics import store
-from slurm_colloc.metrics.launch import collector_running
+from slurm_colloc.node.metrics_launch import collector_running
 from slurm_colloc.slurm.adapter import SlurmCli, SlurmError, by_start, wait_for_jobs
 from tests.e2e.conftest import LOG_KEEP, sbatch
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.devcluster.cluster import Cluster
-from slurm_colloc.site.record import parse_record
 from slurm_colloc.slurm.adapter import SlurmCli, wait_for_jobs
 from tests.e2e.conftest import sbatch
 

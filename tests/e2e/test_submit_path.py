@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.devcluster.cluster import Cluster
-from slurm_colloc.site.record import parse_record
 from slurm_colloc.slurm.adapter import SlurmCli, SlurmError
 
 pytestmark = pytest.mark.devcluster

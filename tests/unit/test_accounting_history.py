@@ -25,9 +25,9 @@ from slurm_colloc.accounting import (
 from slurm_colloc.accounting.history import AccountingHistory, user_records
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
-from slurm_colloc.metrics.launch import SPANK, meta_for
 from slurm_colloc.node.attempt_record import build_attempt
 from slurm_colloc.node.job import context_from_record
+from slurm_colloc.node.metrics_launch import SPANK, meta_for
 from slurm_colloc.slurm import adapter as ad
 from slurm_colloc.slurm import sacct_json
 

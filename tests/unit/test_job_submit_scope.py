@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("lupa.lua51", reason="lupa (dev extra) runs the Lua filters")
 
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.site import install as site
 from slurm_colloc.site.install import SiteScript, SiteSettings
-from slurm_colloc.site.record import parse_record
 from tests.unit.test_lua_job_submit import NO_VAL, Harness
 
 OPT_IN = SiteSettings(shard_mib=1024, gpu_memory_mib=40960, trusted_uids=(0, 64030))

@@ -8,13 +8,13 @@ import pytest
 
 lupa = pytest.importorskip("lupa.lua51", reason="lupa (dev extra) runs the Lua filters")
 
+from slurm_colloc.accounting.submit_record import parse_record  # noqa: E402
 from slurm_colloc.site.install import (  # noqa: E402
     SharedPartition,
     SiteScript,
     SiteSettings,
     render_job_submit,
 )
-from slurm_colloc.site.record import parse_record  # noqa: E402
 
 NO_VAL = 4294967294
 # like the devcluster: its one partition "gpu" (Slurm's default) is listed as shared

@@ -17,8 +17,8 @@ from slurm_colloc.gpu.sim.state import ProcRecord, init_state, process_start_tic
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.attribution import Attributor, tag_of
 from slurm_colloc.metrics.collector import Collector, acquire_lock
-from slurm_colloc.metrics.launch import collector_running
 from slurm_colloc.metrics.summary import job_summary
+from slurm_colloc.node.metrics_launch import collector_running
 from tests.unit.conftest import Clock
 
 

@@ -8,9 +8,9 @@ from estimators import SqliteHistory, estimate, parse_summary
 from slurm_colloc.accounting.record import MetricsSummary
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
-from slurm_colloc.metrics.launch import SPANK, meta_for
 from slurm_colloc.metrics.summary import record_history
 from slurm_colloc.node.job import context_from_record
+from slurm_colloc.node.metrics_launch import SPANK, meta_for
 
 SUMMARY = Path(__file__).parent / "data" / "summaries" / "resnet50_torchinfo.txt"
 

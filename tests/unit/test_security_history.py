@@ -25,9 +25,9 @@ from estimators.history import HistoryUnsafe
 from slurm_colloc.accounting.record import MetricsSummary
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
-from slurm_colloc.metrics.launch import SPANK, meta_for
 from slurm_colloc.metrics.summary import record_history
 from slurm_colloc.node.job import context_from_record
+from slurm_colloc.node.metrics_launch import SPANK, meta_for
 
 DATA = Path(__file__).parent / "data" / "summaries"
 SUMMARY = DATA / "resnet50_torchinfo.txt"

@@ -22,12 +22,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.control import PID_FILE, MpsDaemon, read_small_file
 from slurm_colloc.mps.tenancy import Tenancy, TenancyError
 from slurm_colloc.node import entry, epilog, prolog
 from slurm_colloc.node import job as jobmod
-from slurm_colloc.site.record import parse_record
 from slurm_colloc.slurm import adapter as ad
 from slurm_colloc.slurm.squeue_json import expand_output_path, parse_jobs
 

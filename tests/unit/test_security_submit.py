@@ -18,9 +18,9 @@ import pytest
 
 lupa = pytest.importorskip("lupa.lua51", reason="lupa (dev extra) runs the Lua filters")
 
+from slurm_colloc.accounting.submit_record import parse_record  # noqa: E402
 from slurm_colloc.site import install as site  # noqa: E402
 from slurm_colloc.site.install import SiteSettings  # noqa: E402
-from slurm_colloc.site.record import parse_record  # noqa: E402
 from tests.unit.test_lua_job_submit import Harness  # noqa: E402
 
 RECORD = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=2048"

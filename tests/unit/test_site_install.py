@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
 from slurm_colloc.site import install as site
-from slurm_colloc.site.record import parse_record
 
 S = site.SiteSettings(shard_mib=2048, gpu_memory_mib=81920, estimator_command="/opt/c/bin/colloc")
 needs_cc = pytest.mark.skipif(

@@ -37,7 +37,7 @@ def _name(v: str | None) -> str | None:
 
 def meta_for(ctx: JobContext, cfg: CollocConfig, env: Mapping[str, str]) -> store.JobMeta:
     """The attempt's meta: job facts plus the estimator inputs (SPANK env, untrusted)."""
-    from slurm_colloc.site.record import parse_record
+    from slurm_colloc.accounting.submit_record import parse_record
 
     sub = parse_record(ctx.admin_comment)
     return store.JobMeta(
