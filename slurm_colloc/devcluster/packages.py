@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import subprocess
@@ -38,6 +39,27 @@ def missing_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
     return [p for p in packages if p not in installed]
 
 
+APT_TAIL_LINES = 40
+"""Last lines of apt's output kept for the error message."""
+
+
+def _apt(argv: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run apt-get, logging its progress line by line (downloads and unpacking take
+    minutes: the user sees them instead of a silent wait); (exit code, last lines)."""
+    log.info("running %s", " ".join(argv))
+    tail: collections.deque[str] = collections.deque(maxlen=APT_TAIL_LINES)
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, text=True, errors="replace") as p:
+        assert p.stdout is not None
+        for line in p.stdout:
+            line = line.rstrip()
+            if line:
+                tail.append(line)
+                log.info("apt: %s", line)
+        rc = p.wait()
+    return rc, list(tail)
+
+
 def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """Install what is missing with apt-get (root); return what was installed."""
     missing = missing_packages(packages)
@@ -45,7 +67,7 @@ def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
         return []
     if os.geteuid() != 0:
         raise PackageError(f"missing Debian packages {' '.join(missing)}; install them as root")
-    log.info("installing %s", " ".join(missing))
+    log.info("installing %s (apt-get; a few minutes on a fresh machine)", " ".join(missing))
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     # services are started by us, not by the package scripts
     policy = "/usr/sbin/policy-rc.d"
@@ -56,19 +78,17 @@ def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
         os.chmod(policy, 0o755)  # noqa: S103 - policy-rc.d must be executable
         created_policy = True
     try:
+        tail: list[str] = []
         for attempt in ("install", "update-then-install"):
             if attempt == "update-then-install":
-                subprocess.run(
-                    ["apt-get", "update", "-q"], env=env, capture_output=True, check=False
-                )
-            cp = subprocess.run(
-                ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-                env=env, capture_output=True, text=True, check=False,
-            )
-            if cp.returncode == 0:
+                log.info("apt-get install failed; updating the package lists, then again")
+                _apt(["apt-get", "update", "-q"], env)
+            rc, tail = _apt(
+                ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env)
+            if rc == 0:
                 return missing
         raise PackageError(
-            f"apt-get install {' '.join(missing)} failed:\n{cp.stderr.strip()[-2000:]}"
+            f"apt-get install {' '.join(missing)} failed:\n" + "\n".join(tail)[-2000:]
         )
     finally:
         if created_policy:
