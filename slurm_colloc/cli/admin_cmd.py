@@ -45,6 +45,31 @@ lib_dir_option = click.option(
 )
 
 
+def _site_settings(cfg: config_mod.CollocConfig, conf: Path, gpu_memory_mib: tuple[int, ...],
+                   ) -> tuple[site.SiteSettings, list[site.NodeType]]:
+    """Site settings (SlurmUser trusted besides root) and the node types to plan for;
+    one clear error when the GPU size cannot be known here."""
+    slurm_user = doctor_mod.read_conf(conf).get("slurmuser", "root") if conf.exists() else "root"
+    try:
+        uids = [0, pwd.getpwnam(slurm_user).pw_uid]
+    except KeyError:
+        uids = [0]
+    try:
+        settings = site.settings_from_config(
+            cfg, gpu_memory_mib=min(gpu_memory_mib) if gpu_memory_mib else None,
+            trusted_uids=uids)
+        types = site.node_types(cfg, [*(gpu_memory_mib or [settings.gpu_memory_mib]),
+                                      *(p.gpu_memory_mib for p in settings.shared_partitions)])
+    except (site.InstallError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    except GpuBackendError as e:  # the controller often has no GPU to detect
+        raise click.ClickException(
+            f"gpu_memory_mib = 0 asks this host's GPUs for their size, and it has none "
+            f"usable ({_one_line(e)}); pass --gpu-memory-mib (once per GPU size) or set "
+            "gpu_memory_mib in colloc.conf") from e
+    return settings, types
+
+
 @admin.command()
 @slurm_conf_option
 @lib_dir_option
@@ -76,24 +101,7 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
         chain = site.load_site_job_submit(chain_path) if chain_path else None
     except site.InstallError as e:
         raise click.ClickException(str(e)) from e
-    slurm_user = doctor_mod.read_conf(conf).get("slurmuser", "root") if conf.exists() else "root"
-    try:
-        uids = [0, pwd.getpwnam(slurm_user).pw_uid]
-    except KeyError:
-        uids = [0]
-    try:
-        settings = site.settings_from_config(
-            cfg, gpu_memory_mib=min(gpu_memory_mib) if gpu_memory_mib else None,
-            trusted_uids=uids)
-        types = site.node_types(cfg, [*(gpu_memory_mib or [settings.gpu_memory_mib]),
-                                      *(p.gpu_memory_mib for p in settings.shared_partitions)])
-    except (site.InstallError, ValueError) as e:
-        raise click.ClickException(str(e)) from e
-    except GpuBackendError as e:  # the controller often has no GPU to detect
-        raise click.ClickException(
-            f"gpu_memory_mib = 0 asks this host's GPUs for their size, and it has none "
-            f"usable ({_one_line(e)}); pass --gpu-memory-mib (once per GPU size) or set "
-            "gpu_memory_mib in colloc.conf") from e
+    settings, types = _site_settings(cfg, conf, gpu_memory_mib)
     try:
         headers: Path | None = site.find_spank_header(slurm_include)
         missing = ""
