@@ -520,6 +520,26 @@ class GpuKit:
         the answer is "no GPU", not "run as root", and no user is created for a run
         that is refused anyway.
         """
+        self._preflight_gpu()
+        if not self.d.is_root():
+            raise Refusal("colloc selftest --gpu must run as root: the prolog starts MPS "
+                          "daemons as root and the clients run as other users "
+                          "(sudo colloc selftest --gpu)")
+        probe = self.d.clients.probe(self.o.python, str(CLIENT_SCRIPT))
+        self.env["torch"] = probe
+        if not probe.get("torch"):
+            raise Refusal(f"PyTorch is not importable by {self.o.python} "
+                          f"({probe.get('error') or 'no answer'}): pip install torch, or "
+                          "pass --python an interpreter that has it")
+        if not probe.get("cuda_available"):
+            raise Refusal(f"PyTorch {probe.get('torch')} (CUDA {probe.get('cuda')}) cannot use "
+                          f"the GPU: {probe.get('error') or 'no CUDA device'}; install a CUDA "
+                          "build this driver supports (pip install torch)")
+        self._preflight_mps_and_idle()
+        self.users = self._resolve_users()
+
+    def _preflight_gpu(self) -> None:
+        """NVML works, sees GPUs, Slurm's order is known and the chosen GPU exists."""
         try:
             self.backend = self.d.backend_factory()
         except GpuBackendError as e:
@@ -544,35 +564,24 @@ class GpuKit:
         self.gpu, self.slurm_index = order[idx], idx
         self.env["gpus"] = [dataclasses.asdict(g) for g in gpus]
         self.env["slurm_order"] = {"rule": rule, "uuids": [g.uuid for g in order]}
-        if not self.d.is_root():
-            raise Refusal("colloc selftest --gpu must run as root: the prolog starts MPS "
-                          "daemons as root and the clients run as other users "
-                          "(sudo colloc selftest --gpu)")
-        probe = self.d.clients.probe(self.o.python, str(CLIENT_SCRIPT))
-        self.env["torch"] = probe
-        if not probe.get("torch"):
-            raise Refusal(f"PyTorch is not importable by {self.o.python} "
-                          f"({probe.get('error') or 'no answer'}): pip install torch, or "
-                          "pass --python an interpreter that has it")
-        if not probe.get("cuda_available"):
-            raise Refusal(f"PyTorch {probe.get('torch')} (CUDA {probe.get('cuda')}) cannot use "
-                          f"the GPU: {probe.get('error') or 'no CUDA device'}; install a CUDA "
-                          "build this driver supports (pip install torch)")
+
+    def _preflight_mps_and_idle(self) -> None:
+        """The MPS control program is there and the chosen GPU runs nothing."""
         binary = self.d.commands.which(self.site.mps_control)
         if binary is None:
             raise Refusal(f"MPS control program {self.site.mps_control!r} not found "
                           "(mps_control in colloc.conf): install the NVIDIA driver's MPS "
                           "utilities (nvidia-cuda-mps-control)")
         self.mps_binary = binary
+        assert self.backend is not None and self.gpu is not None  # set by _preflight_gpu
         try:
             busy = self.backend.sample(self.gpu.index).processes
         except GpuBackendError as e:
-            raise Refusal(f"NVML cannot sample GPU {idx}: {e}") from e
+            raise Refusal(f"NVML cannot sample GPU {self.slurm_index}: {e}") from e
         if busy:
-            raise Refusal(f"GPU {idx} ({self.gpu.uuid}) is in use by pid(s) "
+            raise Refusal(f"GPU {self.slurm_index} ({self.gpu.uuid}) is in use by pid(s) "
                           f"{', '.join(str(p.pid) for p in busy)}: drain the node or pick "
                           "another --gpu-index")
-        self.users = self._resolve_users()
 
     def _resolve_users(self) -> list[User]:
         names = list(dict.fromkeys(u for u in self.o.users if u))
