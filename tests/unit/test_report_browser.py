@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_colloc.accounting import codec
 from slurm_colloc.accounting.record import JobRecord
 from slurm_colloc.report import html, model
 
@@ -113,14 +114,10 @@ def _reports() -> dict[str, model.JobReport]:
     acc = replace(COLLOCATED, metrics=replace(COLLOCATED.metrics, series=series))
     w2 = world()
     w2.ser = {}
-    import slurm_colloc.report.model as m
-
-    real = m.try_decode
-    m.try_decode = lambda c: JobRecord((acc,)) if real(c) is not None else None  # type: ignore[assignment]
-    try:
+    real = codec.try_decode
+    with pytest.MonkeyPatch.context() as mp:  # every colloc comment decodes to ``acc``
+        mp.setattr(model, "try_decode", lambda c: JobRecord((acc,)) if real(c) else None)
         out["10-accounting"] = model.build("10", w2, CFG)
-    finally:
-        m.try_decode = real
     return out
 
 
