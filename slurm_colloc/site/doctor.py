@@ -144,23 +144,21 @@ def _check_gres(gres: Path) -> Finding:
 
 def check_live(adapter: SlurmAdapter | None = None) -> list[Finding]:
     """Ask the running controller what it actually loaded."""
-    slurm = adapter if isinstance(adapter, SlurmCli) else SlurmCli()
+    slurm = adapter if adapter is not None else SlurmCli()
     f: list[Finding] = []
     try:
-        cp = slurm.run("scontrol", "show", "config")
+        live = slurm.controller_config()
     except SlurmError as e:
         return [Finding("fail", "slurmctld", f"cannot ask the controller: {e}")]
-    live = {}
-    for line in cp.stdout.splitlines():
-        k, eq, v = line.partition("=")
-        if eq:
-            live[k.strip().lower()] = v.strip()
     for key in ("jobsubmitplugins", "clifilterplugins"):
         val = live.get(key, "")
         f.append(Finding("ok" if "lua" in val else "fail", f"running {key}",
                          val or "(null): run `scontrol reconfigure` or restart slurmctld"))
-    help_cp = slurm.run("sbatch", "--help", check=False)
-    f.append(Finding("ok", "sbatch --colloc") if "--colloc" in help_cp.stdout else Finding(
+    try:
+        help_text = slurm.sbatch_help()
+    except SlurmError as e:
+        help_text = str(e)
+    f.append(Finding("ok", "sbatch --colloc") if "--colloc" in help_text else Finding(
         "fail", "sbatch --colloc", "sbatch does not know --colloc: PlugStackConfig/plugin"))
     try:
         nodes = slurm.nodes()

@@ -97,6 +97,23 @@ class SlurmAdapter(abc.ABC):
         """
         raise SlurmError(f"{type(self).__name__} cannot list a user's finished jobs")
 
+    def accounting_period(
+        self, since: str, until: str | None = None, user: str | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> list[AccountingRecord]:
+        """Allocation records of jobs that ran in a period (all users unless ``user``;
+        only ``user``'s as Slurm reports them when given)."""
+        raise SlurmError(f"{type(self).__name__} cannot list a period's jobs")
+
+    def controller_config(self) -> dict[str, str]:
+        """The running controller's configuration (``scontrol show config``), keys
+        lowercased: what slurmctld actually loaded, not what slurm.conf says now."""
+        raise SlurmError(f"{type(self).__name__} cannot ask the controller's configuration")
+
+    def sbatch_help(self) -> str:
+        """``sbatch --help`` as this host's sbatch prints it (SPANK options included)."""
+        raise SlurmError(f"{type(self).__name__} cannot run sbatch")
+
     @abc.abstractmethod
     def update_job(self, job_id: int | str, **settings: str) -> None:
         """``scontrol update jobid=N Key=Value ...`` for a job the controller still has."""
@@ -264,6 +281,31 @@ class SlurmCli(SlurmAdapter):
             r for r in sacct_json.parse(cp.stdout, warn=warn)
             if r.fields.get("User") == user and r.state.split()[:1] == ["COMPLETED"]
         ]
+
+    def accounting_period(
+        self, since: str, until: str | None = None, user: str | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> list[AccountingRecord]:
+        # JSON, never --parsable2 (issue 11, M6); 22.05's dumper ignores --user: the
+        # records are filtered here as well
+        args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
+        args += [f"--endtime={until}"] if until else []
+        args += [f"--user={user}"] if user else ["--allusers"]
+        cp = self.run("sacct", *args)
+        recs = sacct_json.parse(cp.stdout, warn=warn)
+        return [r for r in recs if user is None or r.fields.get("User") == user]
+
+    def controller_config(self) -> dict[str, str]:
+        cp = self.run("scontrol", "show", "config")
+        out = {}
+        for line in cp.stdout.splitlines():
+            k, eq, v = line.partition("=")
+            if eq:
+                out[k.strip().lower()] = v.strip()
+        return out
+
+    def sbatch_help(self) -> str:
+        return self.run("sbatch", "--help", check=False).stdout
 
     def update_job(self, job_id: int | str, **settings: str) -> None:
         pairs = (f"{k}={v}" for k, v in settings.items())
