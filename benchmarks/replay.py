@@ -2,58 +2,145 @@
 
 Usage (as root; each policy gets its own devcluster, brought up and down here)::
 
-    .venv/bin/python benchmarks/replay.py --trace philly90            # trace (a)
-    .venv/bin/python benchmarks/replay.py --trace heavy60 --time-scale 150
-    .venv/bin/python benchmarks/replay.py --trace alibaba --time-scale 150
+    .venv/bin/python benchmarks/replay.py --trace philly90h --repeats 3   # fair trace
+    .venv/bin/python benchmarks/replay.py --trace philly90h --time-scale 60
+    .venv/bin/python benchmarks/replay.py --trace-file my_trace.csv --gpus 4
     .venv/bin/python benchmarks/replay.py --trace philly90 --limit 8 --results /tmp/r
+    .venv/bin/python benchmarks/replay.py --trace philly90h --summary-only
 
-Results go to ``benchmarks/results/<trace>.{csv,md}`` (+ per-job CSV, GPU time
-series and plots). See docs/benchmarks.md.
+With ``--repeats`` (or ``--runs-dir``) every run goes to
+``<results>/<trace>/x<scale>/run<N>/`` and ``<results>/<trace>_summary.{csv,md}`` is
+rebuilt from *all* runs on disk (median and range per policy and time scale).
+Without it, results go to ``<results>/<trace>.{csv,md}`` as before. See
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
+import math
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
-from slurm_colloc.bench import generators, policies, profiles
+from slurm_colloc.bench import generators, policies, profiles, report
+from slurm_colloc.bench.metrics import PolicyMetrics
 from slurm_colloc.bench.replayer import ReplayConfig
 from slurm_colloc.bench.run import replay
+from slurm_colloc.bench.trace import Trace
+from slurm_colloc.bench.trace_file import TraceFileError, load_trace_file
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def read_metrics(path: Path) -> list[PolicyMetrics]:
+    """Rows of a ``<trace>.csv`` written by :func:`report.metrics_csv`."""
+    types = {f.name: f.type for f in fields(PolicyMetrics)}
+    out = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            kw: dict[str, object] = {}
+            for k, v in row.items():
+                if k not in types:
+                    continue
+                t = str(types[k])
+                kw[k] = v if t == "str" else int(v) if t == "int" else (
+                    float(v) if v not in ("", "nan") else math.nan)
+            out.append(PolicyMetrics(**kw))  # type: ignore[arg-type]
+    return out
+
+
+def write_summary(results: Path, name: str) -> str:
+    """Summary over every run of ``name`` on disk; returns the markdown."""
+    runs = [read_metrics(p) for p in sorted((results / name).glob(f"x*/run*/{name}.csv"))]
+    rows = report.summary_rows(runs)
+    rows.sort(key=lambda r: (float(r["time_scale"]), str(r["policy"])))  # type: ignore[arg-type]
+    md = (f"# {name}: median [range] over runs\n\n"
+          f"Built by `benchmarks/replay.py --trace {name} --summary-only` from "
+          f"`{name}/x*/run*/{name}.csv`. Energy over the common window (until the last "
+          "policy of the same run finished); kWh per completed GPU-hour of work.\n\n"
+          + report.summary_markdown(rows))
+    report.write_text(results / f"{name}_summary.csv", report.summary_csv(rows))
+    report.write_text(results / f"{name}_summary.md", md)
+    return md
+
+
+def build_trace(a: argparse.Namespace) -> Trace:
+    """The generated trace, or the user's trace file (exit 2 with one line per problem)."""
+    summaries = profiles.load_summaries()
+    if a.trace_file:
+        return load_trace_file(a.trace_file, gpus=a.gpus, gpu_mib=a.gpu_mib,
+                               summaries=summaries)
+    pools = generators.ProfilePools(
+        profiles.load_lucid(), profiles.load_timm_peaks(), summaries,
+        held_out_only=a.trace in generators.HELD_OUT_TRACES)
+    gen = generators.GENERATORS[a.trace]
+    return gen(pools) if a.seed is None else gen(pools, seed=a.seed)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, replay, print the markdown table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", choices=sorted(generators.GENERATORS), default="philly90")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", choices=sorted(generators.GENERATORS), default="philly90")
+    src.add_argument("--trace-file", type=Path, help="CSV trace (docs/benchmarks.md)")
+    p.add_argument("--gpus", type=int, default=4, help="GPUs of the node (--trace-file)")
+    p.add_argument("--gpu-mib", type=int, default=40 * 1024,
+                   help="memory per GPU, MiB (--trace-file)")
     p.add_argument("--policies", default=",".join(
         n for n in policies.POLICIES if n not in policies.DIAGNOSTIC))
     p.add_argument("--time-scale", type=float, default=120.0,
                    help="trace seconds per wall second (default 120)")
+    p.add_argument("--repeats", type=int, default=0,
+                   help="run N times into <results>/<trace>/x<scale>/run<k>/ + summary")
+    p.add_argument("--summary-only", action="store_true",
+                   help="rebuild <trace>_summary.{csv,md} from the runs on disk")
     p.add_argument("--limit", type=int, help="replay only the first N jobs (smoke runs)")
     p.add_argument("--seed", type=int, help="trace generator seed (default per trace)")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--root-base", default="/var/lib/colloc-replay")
     p.add_argument("--port-base", type=int, default=21810)
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
+    p.add_argument("--validate", action="store_true",
+                   help="only read and check the trace (--trace-file), print the job count")
     a = p.parse_args(argv)
+    try:
+        trace = build_trace(a)
+    except TraceFileError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
+    if a.validate:
+        sys.stdout.write(f"{trace.name}: {len(trace.jobs)} jobs OK\n")
+        return 0
+    if a.summary_only:
+        sys.stdout.write(write_summary(a.results, trace.name))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    pools = generators.ProfilePools(
-        profiles.load_lucid(), profiles.load_timm_peaks(), profiles.load_summaries())
-    gen = generators.GENERATORS[a.trace]
-    trace = gen(pools) if a.seed is None else gen(pools, seed=a.seed)
     if a.limit:
         trace = replace(trace, jobs=trace.jobs[: a.limit])
     cfg = ReplayConfig(time_scale=a.time_scale, root_base=a.root_base, port_base=a.port_base,
                        keep_clusters=a.keep)
     summaries = profiles.load_summaries()
-    _, _, wall = replay(trace, policies.get(a.policies.split(",")), cfg, summaries, a.results)
-    sys.stdout.write((a.results / f"{trace.name}.md").read_text())
-    sys.stdout.write(f"\ntotal wall time {wall:.0f} s\n")
+    chosen = policies.get(a.policies.split(","))
+    if not a.repeats:
+        _, _, wall = replay(trace, chosen, cfg, summaries, a.results)
+        sys.stdout.write((a.results / f"{trace.name}.md").read_text())
+        sys.stdout.write(f"\ntotal wall time {wall:.0f} s\n")
+        return 0
+    base = a.results / trace.name / f"x{a.time_scale:g}"
+    for _ in range(a.repeats):
+        k = 1
+        while (base / f"run{k}").exists():
+            k += 1
+        out = base / f"run{k}"
+        out.mkdir(parents=True)
+        _, _, wall = replay(trace, chosen, cfg, summaries, out)
+        sys.stdout.write((out / f"{trace.name}.md").read_text())
+        sys.stdout.write(f"\n{out}: total wall time {wall:.0f} s\n")
+        write_summary(a.results, trace.name)
+    sys.stdout.write(write_summary(a.results, trace.name))
     return 0
 
 

@@ -18,6 +18,7 @@ the thesis replay).
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -36,6 +37,22 @@ GUESS_SIGMA = 0.3
 GUESS_MEDIAN = 1.1
 """A user's guess of their job's memory: true peak x lognormal(median 1.1, sigma 0.3),
 rounded up to whole GiB (about one user in three guesses too little)."""
+
+
+HELD_OUT_SHARE = 0.30
+REPLAY_USERS = ("colloc-r1", "colloc-r2", "colloc-r3", "colloc-r4")
+"""Unix users of the held-out traces (created by the replayer when missing)."""
+
+
+def held_out(model: str) -> bool:
+    """True for models outside the estimator's calibration split.
+
+    The same deterministic split as ``benchmarks/estimator_accuracy.py`` (``held_out``:
+    sha256 of the model name, 30 % held out, never fitted; ``estimators/data/
+    calibration.json`` ``fitted_on.split``).
+    """
+    h = int(hashlib.sha256(model.encode()).hexdigest()[:8], 16)
+    return (h % 1000) < HELD_OUT_SHARE * 1000
 
 
 def size_class(peak_mib: int) -> str:
@@ -76,11 +93,14 @@ class ProfilePools:
 
     def __init__(
         self, lucid: Sequence[LucidProfile], timm_peaks: dict[tuple[str, int], int],
-        summaries: dict[str, str],
+        summaries: dict[str, str], *, held_out_only: bool = False,
     ) -> None:
-        """Index the measured profiles by class."""
+        """Index the measured profiles by class (``held_out_only``: timm models outside
+        the estimator's calibration split only)."""
         self.timm: dict[str, list[tuple[str, int, int]]] = {c: [] for c in SIZE_CLASSES}
         for (model, batch), peak in sorted(timm_peaks.items()):
+            if held_out_only and not held_out(model):
+                continue
             if model in summaries and batch >= 8:
                 self.timm[size_class(peak)].append((model, batch, peak))
         self.lucid: dict[str, list[LucidProfile]] = {c: [] for c in SIZE_CLASSES}
@@ -123,7 +143,7 @@ class ProfilePools:
 def _mix_trace(
     pools: ProfilePools, *, name: str, description: str, n: int,
     mix: tuple[float, float, float], gpus: int, gpu_mib: int, arrival_frac: float,
-    p_summary: float, seed: int,
+    p_summary: float, seed: int, users: Sequence[str] = (), multi_gpu: int = 0,
 ) -> Trace:
     rng = random.Random(seed)  # noqa: S311 - reproducible traces, not crypto
     counts = [round(n * f) for f in mix]
@@ -132,7 +152,13 @@ def _mix_trace(
     rng.shuffle(classes)
     draft = [pools.job(rng, f"{name}-{i:03d}", 0.0, c, gpu_mib, p_summary)
              for i, c in enumerate(classes)]
-    span = arrival_frac * sum(j.work_s for j in draft) / gpus
+    if users:
+        draft = [TraceJob(**{**j.__dict__, "user": rng.choice(list(users))}) for j in draft]
+    if multi_gpu:  # data-parallel medium/heavy jobs on 2 GPUs (one rank per GPU)
+        big = [i for i, j in enumerate(draft) if j.size_class != "light"]
+        for i in rng.sample(big, min(multi_gpu, len(big))):
+            draft[i] = TraceJob(**{**draft[i].__dict__, "gpus": 2})
+    span = arrival_frac * sum(j.work_s * j.gpus for j in draft) / gpus
     arrivals = philly_arrivals(rng, n, span)
     jobs = tuple(
         TraceJob(**{**j.__dict__, "arrival_s": a}) for j, a in zip(draft, arrivals, strict=True)
@@ -214,6 +240,35 @@ def alibaba(
     )
 
 
+def philly90h(pools: ProfilePools, seed: int = 11) -> Trace:
+    """philly90's mix, fair (issue 14): held-out models only, 4 users, 3 two-GPU jobs.
+
+    ``pools`` must be built with ``held_out_only=True`` (:func:`pools_for`).
+    """
+    return _mix_trace(
+        pools, name="philly90h", n=90, mix=(0.65, 0.27, 0.08), gpus=4, gpu_mib=40 * GIB,
+        arrival_frac=0.4, p_summary=0.85, seed=seed, users=REPLAY_USERS, multi_gpu=3,
+        description="90 jobs, 65/27/8 light/medium/heavy, summary jobs only of models "
+        "outside the estimator's calibration split, 4 users, 3 two-GPU jobs, Philly-like "
+        "bursty arrivals, 1 node x 4 GPUs x 40 GiB",
+    )
+
+
+def heavy60h(pools: ProfilePools, seed: int = 12) -> Trace:
+    """heavy60's mix, fair (issue 14): held-out models only, 4 users, 3 two-GPU jobs."""
+    return _mix_trace(
+        pools, name="heavy60h", n=60, mix=(0.2, 0.45, 0.35), gpus=4, gpu_mib=40 * GIB,
+        arrival_frac=0.4, p_summary=0.85, seed=seed, users=REPLAY_USERS, multi_gpu=3,
+        description="60 jobs, 20/45/35 light/medium/heavy, summary jobs only of models "
+        "outside the estimator's calibration split, 4 users, 3 two-GPU jobs, Philly-like "
+        "bursty arrivals, 1 node x 4 GPUs x 40 GiB",
+    )
+
+
 GENERATORS: dict[str, Callable[..., Trace]] = {
     "philly90": philly90, "heavy60": heavy60, "alibaba": alibaba,
+    "philly90h": philly90h, "heavy60h": heavy60h,
 }
+
+HELD_OUT_TRACES = {"philly90h", "heavy60h"}
+"""Traces whose pools hold only models outside the estimator's calibration split."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_colloc.bench.collect import JobOutcome
@@ -32,6 +32,16 @@ class PolicyMetrics:
     makespan_vs_whole: float
     energy_vs_whole: float
     wall_s: float
+    energy_common_kwh: float = math.nan
+    """Energy from trace start until the *last* policy of the replay finished: a policy
+    that finishes early keeps paying its GPUs' idle power (issue 14)."""
+    energy_common_vs_whole: float = math.nan
+    completed_gpu_h: float = math.nan
+    """GPU-hours of work (solo run time x GPUs) of the jobs that completed."""
+    kwh_per_gpu_h: float = math.nan
+    """``energy_common_kwh / completed_gpu_h``: energy per unit of work done."""
+    kwh_per_gpu_h_vs_whole: float = math.nan
+    time_scale: float = math.nan
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -69,11 +79,23 @@ def busy_share(points: Sequence[GpuPoint], t0: float, t1: float) -> float:
     return sum(1 for p in inside if p.processes > 0) / len(inside) if inside else math.nan
 
 
+def last_end(outcomes: Sequence[JobOutcome], t0: float) -> float:
+    """Wall time the last job of a policy ended (``t0`` when none did)."""
+    ends = [o.end for o in outcomes if o.end is not None]
+    return max(ends) if ends else t0
+
+
 def policy_metrics(
     trace: str, policy: str, outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
     *, t0: float, scale: float, n_jobs: int, fallbacks: int, wall_s: float,
+    common_end: float | None = None, work_gpu_s: Mapping[str, float] | None = None,
 ) -> PolicyMetrics:
-    """Metrics of one policy; ``t0`` is the wall time of trace second 0."""
+    """Metrics of one policy; ``t0`` is the wall time of trace second 0.
+
+    ``common_end``: wall time the last policy of the replay finished (energy over the
+    common window); ``work_gpu_s``: GPU-seconds of work per job name (energy per
+    completed GPU-hour).
+    """
     h = scale / 3600.0
     done = [o for o in outcomes if not o.lost and o.end is not None]
     ends = [o.end for o in outcomes if o.end is not None]
@@ -90,8 +112,22 @@ def policy_metrics(
         oom_crashes=sum(o.oom_crashes for o in outcomes),
         requeues=sum(o.requeues for o in outcomes), fallbacks=fallbacks,
         makespan_vs_whole=math.nan, energy_vs_whole=math.nan, wall_s=wall_s,
+        **_common(points, t0, common_end, done, work_gpu_s), time_scale=scale,
     )
 
+
+def _common(points: Sequence[GpuPoint], t0: float, common_end: float | None,
+            done: Sequence[JobOutcome], work_gpu_s: Mapping[str, float] | None,
+            ) -> dict[str, float]:
+    if common_end is None:
+        return {}
+    e = energy_between(points, t0, common_end) / 3.6e6
+    out = {"energy_common_kwh": e}
+    if work_gpu_s is not None:
+        gpu_h = sum(work_gpu_s.get(o.name, 0.0) for o in done) / 3600.0
+        out["completed_gpu_h"] = gpu_h
+        out["kwh_per_gpu_h"] = e / gpu_h if gpu_h else math.nan
+    return out
 
 def relative_to(rows: list[PolicyMetrics], base: str = "whole-gpu") -> list[PolicyMetrics]:
     """Fill the ``*_vs_whole`` ratios against the ``base`` policy's row."""
@@ -100,8 +136,13 @@ def relative_to(rows: list[PolicyMetrics], base: str = "whole-gpu") -> list[Poli
         return rows
     from dataclasses import replace
 
+    def ratio(a: float, b: float) -> float:
+        return a / b if b and math.isfinite(b) else math.nan
+
     return [
-        replace(r, makespan_vs_whole=r.makespan_h / ref.makespan_h if ref.makespan_h else math.nan,
-                energy_vs_whole=r.energy_kwh / ref.energy_kwh if ref.energy_kwh else math.nan)
+        replace(r, makespan_vs_whole=ratio(r.makespan_h, ref.makespan_h),
+                energy_vs_whole=ratio(r.energy_kwh, ref.energy_kwh),
+                energy_common_vs_whole=ratio(r.energy_common_kwh, ref.energy_common_kwh),
+                kwh_per_gpu_h_vs_whole=ratio(r.kwh_per_gpu_h, ref.kwh_per_gpu_h))
         for r in rows
     ]

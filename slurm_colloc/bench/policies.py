@@ -26,8 +26,18 @@ class Policy:
     name: str
     label: str
     node_scripts: bool
-    args: Callable[[TraceJob, Path | None, int], list[str]]
-    """(job, summary file or None, shard MiB) -> sbatch options."""
+    one_gpu_args: Callable[[TraceJob, Path | None, int], list[str]]
+    """(job, summary file or None, shard MiB) -> sbatch options of a one-GPU job."""
+
+    def args(self, job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
+        """sbatch options: a multi-GPU job asks for whole GPUs under every policy.
+
+        Data-parallel jobs are not co-located (``--colloc`` sizes one GPU); on a colloc
+        cluster job_submit then gives them their node exclusively (docs/admin.md).
+        """
+        if job.gpus > 1:
+            return [f"--gres=gpu:{job.gpus}"]
+        return self.one_gpu_args(job, summary, shard_mib)
 
 
 def _whole(job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:

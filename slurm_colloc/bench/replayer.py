@@ -80,20 +80,49 @@ def cluster_for(trace: Trace, policy: Policy, index: int, cfg: ReplayConfig) -> 
 
 
 def job_script(job: TraceJob) -> str:
-    """The batch script: a simulated training job with the job's true profile."""
+    """The batch script: a simulated training job with the job's true profile.
+
+    A multi-GPU job runs one simjob per allocated GPU (data-parallel ranks, each with
+    the job's profile); the job ends when its slowest rank does, and fails if any does.
+    """
     simjob = Path(sys.executable).parent / "colloc-simjob"
     argv = [
         str(simjob), "--mem", f"{job.steady_mib}M", "--peak", f"{job.peak_mib}M",
         "--peak-at", f"{job.peak_at}", "--sm-activity", f"{job.sm_pct}",
         "--seconds", f"{job.work_s}",
     ]
-    return (
+    head = (
         "#!/bin/bash\n"
         f"# trace job {job.name}: {job.model} batch {job.batch_size} ({job.source})\n"
         'echo "attempt ${SLURM_RESTART_COUNT:-0} GPU ${CUDA_VISIBLE_DEVICES:-none} '
         'limit ${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-none}"\n'
-        f"exec {shlex.join(argv)}\n"
     )
+    if job.gpus <= 1:
+        return head + f"exec {shlex.join(argv)}\n"
+    return head + (
+        'IFS=, read -ra devs <<< "${CUDA_VISIBLE_DEVICES:-0}"\n'
+        "pids=()\n"
+        f'for d in "${{devs[@]:0:{job.gpus}}}"; do\n'
+        f'  CUDA_VISIBLE_DEVICES="$d" {shlex.join(argv)} &\n'
+        "  pids+=($!)\n"
+        "done\n"
+        "trap 'kill -TERM \"${pids[@]}\" 2>/dev/null' TERM\n"
+        "rc=0\n"
+        'for p in "${pids[@]}"; do wait "$p" || rc=$?; done\n'
+        "exit $rc\n"
+    )
+
+
+def ensure_user(cluster: Cluster, user: str) -> None:
+    """A Unix user (system account, no home) with a Slurm association on ``cluster``."""
+    import pwd
+
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash",
+                        user], check=True, capture_output=True)
+    cluster.add_user(user)
 
 
 def whole_gpu_args(rejected: list[str], whole_mib: int) -> list[str]:
@@ -151,6 +180,8 @@ class Replayer:
                        memory_mib=self.trace.gpu_memory_mib, time_scale=self.cfg.time_scale)
             r.workdir.mkdir(parents=True, exist_ok=True)
             r.workdir.chmod(0o1777)
+            for user in sorted({j.user for j in self.trace.jobs if j.user}):
+                ensure_user(r.cluster, user)
             log.info("%s: cluster up in %.0fs at %s", r.policy.name, secs, r.cluster.layout.root)
 
     def down(self) -> None:
@@ -160,12 +191,20 @@ class Replayer:
 
     # ------------------------------------------------------------------ one policy
     def _summary_file(self, r: PolicyRun, job: TraceJob) -> Path | None:
-        if not job.summary or job.summary not in self.summaries:
+        if not job.summary:
             return None
-        p = r.workdir / "summaries" / f"{job.summary}.txt"
+        if job.summary in self.summaries:
+            text, stem = self.summaries[job.summary], job.summary
+        elif Path(job.summary).is_file():  # a trace file's own summary file
+            text, stem = Path(job.summary).read_text(), Path(job.summary).stem
+        else:
+            return None
+        p = r.workdir / "summaries" / f"{stem}.txt"
         if not p.exists():
             p.parent.mkdir(exist_ok=True)
-            p.write_text(self.summaries[job.summary])
+            p.parent.chmod(0o755)
+            p.write_text(text)
+            p.chmod(0o644)
         return p
 
     def _sbatch(self, r: PolicyRun, job: TraceJob, args: list[str]) -> tuple[int | None, str]:
@@ -176,8 +215,11 @@ class Replayer:
         env = r.cluster.env()
         if self.cfg.estimator_command:
             env["COLLOC_ESTIMATOR_COMMAND"] = self.cfg.estimator_command
+        script.chmod(0o644)
         argv = ["sbatch", "--parsable", f"--job-name={job.name}", f"--output={out}",
                 "--open-mode=append", f"--chdir={r.workdir}", *args, str(script)]
+        if job.user:  # the user's own submission: their uid, their MPS server
+            argv = ["runuser", "-u", job.user, "--", *argv]
         cp = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
                             timeout=120)
         if cp.returncode != 0:

@@ -62,18 +62,82 @@ def timeseries_csv(policy_points: Mapping[str, Sequence[GpuPoint]], t0: float,
 def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
     """The results table as GitHub markdown."""
     head = ("| policy | done/jobs | lost | makespan h | vs whole | mean JCT h | p95 JCT h "
-            "| mean wait h | GPU busy | energy kWh | vs whole | OOM crashes | requeues "
-            "| fallbacks | wall s |")
-    sep = "|" + "---|" * 15
+            "| mean wait h | GPU busy | energy kWh (common window) | vs whole "
+            "| kWh per done GPU-h | vs whole | energy kWh (own makespan) | OOM crashes "
+            "| requeues | fallbacks | wall s |")
+    sep = "|" + "---|" * 18
     lines = [head, sep]
     for r in rows:
         lines.append(
             f"| {r.policy} | {r.completed}/{r.jobs} | {r.lost} | {r.makespan_h:.2f} "
             f"| {r.makespan_vs_whole:.2f}x | {r.mean_jct_h:.2f} | {r.p95_jct_h:.2f} "
-            f"| {r.mean_wait_h:.2f} | {r.gpu_busy_share:.0%} | {r.energy_kwh:.1f} "
-            f"| {r.energy_vs_whole:.2f}x | {r.oom_crashes} | {r.requeues} | {r.fallbacks} "
-            f"| {r.wall_s:.0f} |"
+            f"| {r.mean_wait_h:.2f} | {r.gpu_busy_share:.0%} | {r.energy_common_kwh:.1f} "
+            f"| {r.energy_common_vs_whole:.2f}x | {r.kwh_per_gpu_h:.3f} "
+            f"| {r.kwh_per_gpu_h_vs_whole:.2f}x | {r.energy_kwh:.1f} | {r.oom_crashes} "
+            f"| {r.requeues} | {r.fallbacks} | {r.wall_s:.0f} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+SUMMARY_METRICS = (
+    ("makespan_vs_whole", "makespan vs whole", "{:.2f}x"),
+    ("energy_common_vs_whole", "energy (common window) vs whole", "{:.2f}x"),
+    ("kwh_per_gpu_h_vs_whole", "kWh per done GPU-h vs whole", "{:.2f}x"),
+    ("makespan_h", "makespan h", "{:.2f}"),
+    ("mean_jct_h", "mean JCT h", "{:.2f}"),
+    ("completed", "done", "{:.0f}"),
+    ("lost", "lost", "{:.0f}"),
+    ("oom_crashes", "OOM crashes", "{:.0f}"),
+    ("gpu_busy_share", "GPU busy", "{:.2f}"),
+)
+
+
+def _median(v: list[float]) -> float:
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def summary_rows(runs: Sequence[Sequence[PolicyMetrics]]) -> list[dict[str, object]]:
+    """Median, min and max of every summary metric per (time scale, policy) over runs."""
+    groups: dict[tuple[float, str], list[PolicyMetrics]] = {}
+    for rows in runs:
+        for r in rows:
+            groups.setdefault((r.time_scale, r.policy), []).append(r)
+    out: list[dict[str, object]] = []
+    for (scale, policy), rs in groups.items():
+        row: dict[str, object] = {"trace": rs[0].trace, "time_scale": scale, "policy": policy,
+                                  "runs": len(rs)}
+        for key, _, _ in SUMMARY_METRICS:
+            vals = [float(getattr(r, key)) for r in rs]
+            row[f"{key}_median"] = round(_median(vals), 4)
+            row[f"{key}_min"] = round(min(vals), 4)
+            row[f"{key}_max"] = round(max(vals), 4)
+        out.append(row)
+    return out
+
+
+def summary_csv(rows: Sequence[Mapping[str, object]]) -> str:
+    """The summary rows as CSV."""
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def summary_markdown(rows: Sequence[Mapping[str, object]]) -> str:
+    """Median [min-max] per policy and time scale."""
+    head = "| time scale | policy | runs | " + " | ".join(t for _, t, _ in SUMMARY_METRICS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(SUMMARY_METRICS))]
+    for r in rows:
+        cells = []
+        for key, _, fmt in SUMMARY_METRICS:
+            med, lo, hi = (float(r[f"{key}_{x}"]) for x in ("median", "min", "max"))  # type: ignore[arg-type]
+            cells.append(f"{fmt.format(med)} [{fmt.format(lo)}-{fmt.format(hi)}]")
+        lines.append(f"| x{float(r['time_scale']):g} | {r['policy']} | {r['runs']} | "  # type: ignore[arg-type]
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_colloc.bench import plots, report
-from slurm_colloc.bench.metrics import PolicyMetrics, policy_metrics, relative_to
+from slurm_colloc.bench.metrics import PolicyMetrics, last_end, policy_metrics, relative_to
 from slurm_colloc.bench.policies import Policy
 from slurm_colloc.bench.replayer import ReplayConfig, Replayer
 from slurm_colloc.bench.trace import Trace, jobs_to_csv
@@ -57,6 +57,9 @@ def replay(
         if not cfg.keep_clusters:
             rp.down()
     rows = []
+    # energy over a common window: until the last policy's last job ended
+    common_end = max((last_end(r.outcomes, rp.t0) for r in rp.runs), default=rp.t0)
+    work = {j.name: j.work_s * j.gpus for j in trace.jobs}
     for r in rp.runs:
         if r.error:
             log.error("%s: %s", r.policy.name, r.error)
@@ -65,7 +68,7 @@ def replay(
         rows.append(policy_metrics(
             trace.name, r.policy.name, r.outcomes, r.sampler.points, t0=rp.t0,
             scale=cfg.time_scale, n_jobs=len(trace.jobs), fallbacks=len(r.fallbacks),
-            wall_s=wall,
+            wall_s=wall, common_end=common_end, work_gpu_s=work,
         ))
     rows = relative_to(rows)
     total = time.time() - t_start

@@ -39,6 +39,10 @@ class TraceJob:
     """Model whose summary file the user passes to ``--colloc`` ('' = none exists)."""
     source: str = ""
     """Where the profile came from (data set and row)."""
+    gpus: int = 1
+    """GPUs the job uses (data parallel: one rank per GPU, each with this profile)."""
+    user: str = ""
+    """Unix user who submits it ('' = root); separate users get separate MPS servers."""
 
     def __post_init__(self) -> None:
         if self.size_class not in SIZE_CLASSES:
@@ -49,6 +53,8 @@ class TraceJob:
             raise ValueError(f"{self.name}: peak_at {self.peak_at} not in [0, 1]")
         if self.work_s <= 0 or self.arrival_s < 0:
             raise ValueError(f"{self.name}: work_s must be > 0 and arrival_s >= 0")
+        if self.gpus < 1:
+            raise ValueError(f"{self.name}: gpus must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,8 @@ class Trace:
 
     @property
     def total_work_s(self) -> float:
-        """Sum of solo run times (GPU-seconds of work on whole GPUs)."""
-        return sum(j.work_s for j in self.jobs)
+        """GPU-seconds of work on whole GPUs (solo run time x GPUs, summed)."""
+        return sum(j.work_s * j.gpus for j in self.jobs)
 
     def class_counts(self) -> dict[str, int]:
         """Jobs per size class."""
@@ -72,7 +78,9 @@ class Trace:
 
 
 _FIELDS = [f.name for f in fields(TraceJob)]
-_INT = {"batch_size", "peak_mib", "steady_mib", "guess_mib"}
+_OPTIONAL = {"gpus", "user"}
+"""Columns older trace CSVs (before issue 14) do not have."""
+_INT = {"batch_size", "peak_mib", "steady_mib", "guess_mib", "gpus"}
 _FLOAT = {"arrival_s", "peak_at", "sm_pct", "work_s"}
 
 
@@ -89,7 +97,9 @@ def jobs_to_csv(jobs: tuple[TraceJob, ...] | list[TraceJob]) -> str:
 def jobs_from_csv(text: str) -> tuple[TraceJob, ...]:
     """Inverse of :func:`jobs_to_csv`; unknown or missing columns are errors."""
     reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None or set(reader.fieldnames) != set(_FIELDS):
+    if reader.fieldnames is None or not (
+        set(_FIELDS) - _OPTIONAL <= set(reader.fieldnames) <= set(_FIELDS)
+    ):
         raise ValueError(f"trace CSV columns must be {_FIELDS}, got {reader.fieldnames}")
     out = []
     for row in reader:
