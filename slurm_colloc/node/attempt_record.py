@@ -17,7 +17,6 @@ import time
 from dataclasses import replace
 
 from slurm_colloc.accounting.record import Attempt, Estimate, MetricsSummary, OomInfo, Requeue
-from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
 from slurm_colloc.node.job import JobContext
@@ -43,7 +42,7 @@ def build_attempt(
     The history key and (when ``start`` is not given) the start time come from the
     prolog's meta of this attempt, if it has one for this job and owner.
     """
-    sub = parse_record(ctx.admin_comment)
+    sub = ctx.submit
     meta = _meta(ctx, cfg)
     key = Estimate(mib=0, estimator="")  # the history key alone
     if meta is not None:
@@ -76,7 +75,7 @@ def build_attempt(
             new_request=f"gres:shard:{new_shards}" if requeued and new_shards else None,
             new_limit_mib=new_shards * cfg.shard_mib if requeued and new_shards else None,
         )
-    limit = ctx.shards * cfg.shard_mib if ctx.is_shared else None
+    limit = ctx.limit_mib(cfg.shard_mib)
     return Attempt(
         attempt=ctx.restarts, estimate=estimate,
         shards=ctx.shards or None, shard_mib=cfg.shard_mib if ctx.shards else None,

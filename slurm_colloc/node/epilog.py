@@ -124,9 +124,7 @@ def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:
 
 def estimate_of(ctx: JobContext) -> int | None:
     """The submit-time estimate in MiB, if job_submit recorded one."""
-    from slurm_colloc.accounting.submit_record import parse_record
-
-    rec = parse_record(ctx.admin_comment)
+    rec = ctx.submit
     return rec.est_mib or rec.need_mib if rec else None
 
 
@@ -234,13 +232,11 @@ def _shards_per_gpu_or_fallback(
     ``shard_mib``), then the site's ``gpu_memory_mib`` / ``shard_mib``. None when
     nothing is known.
     """
-    from slurm_colloc.accounting.submit_record import parse_record
-
     try:
         return shards_per_gpu(cfg, ctx.gpu)
     except Exception as e:  # noqa: BLE001 - NVML/sim failures fall back below
         result.errors.append(f"shards per GPU from the {cfg.gpu_backend} backend failed: {e}")
-    rec = parse_record(ctx.admin_comment)
+    rec = ctx.submit
     if rec is not None and rec.mode == "whole":
         if rec.shard_mib > 0 and rec.alloc_mib >= rec.shard_mib:
             return rec.alloc_mib // rec.shard_mib
@@ -356,10 +352,9 @@ def _record_text(
     field): the caller records the error and requeues regardless.
     """
     from slurm_colloc.accounting.codec import append_attempt
-    from slurm_colloc.accounting.submit_record import parse_record
     from slurm_colloc.node.attempt_record import build_attempt
 
-    if parse_record(ctx.admin_comment) is None and not ctx.is_shared and result.cause == "none":
+    if ctx.submit is None and not ctx.is_shared and result.cause == "none":
         return None
     d = result.decision
     attempt = build_attempt(

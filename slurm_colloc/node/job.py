@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_colloc.accounting.submit_record import CollocRecord, parse_record
 from slurm_colloc.slurm.adapter import SlurmAdapter
 from slurm_colloc.slurm.squeue_json import SlurmJob, parse_indices
 
@@ -65,12 +66,21 @@ class JobContext:
     """Shards asked per job/task/socket instead of per node (job_submit refuses these)."""
 
     @property
+    def submit(self) -> CollocRecord | None:
+        """job_submit's decision (the ``colloc1:`` record in AdminComment), None when the
+        job did not go through it. The one place the node path reads that record."""
+        return parse_record(self.admin_comment)
+
+    @property
     def whole_gpu(self) -> bool:
         """job_submit turned a one-GPU request into all shards of a GPU (mode=whole)."""
-        from slurm_colloc.accounting.submit_record import parse_record
-
-        rec = parse_record(self.admin_comment)
+        rec = self.submit
         return rec is not None and rec.mode == "whole"
+
+    def limit_mib(self, shard_mib: int) -> int | None:
+        """GPU memory of a shared job's shards (what its MPS limit derives from); None
+        for a job that does not share its GPU."""
+        return self.shards * shard_mib if self.is_shared else None
 
     @property
     def is_shared(self) -> bool:

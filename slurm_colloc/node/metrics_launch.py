@@ -37,12 +37,10 @@ def _name(v: str | None) -> str | None:
 
 def meta_for(ctx: JobContext, cfg: CollocConfig, env: Mapping[str, str]) -> store.JobMeta:
     """The attempt's meta: job facts plus the estimator inputs (SPANK env, untrusted)."""
-    from slurm_colloc.accounting.submit_record import parse_record
-
-    sub = parse_record(ctx.admin_comment)
+    sub = ctx.submit
     return store.JobMeta(
         job_id=ctx.job_id, attempt=ctx.restarts, uid=ctx.uid, gpus=ctx.gpus,
-        limit_mib=ctx.shards * cfg.shard_mib if ctx.is_shared else None,
+        limit_mib=ctx.limit_mib(cfg.shard_mib),
         shards=ctx.shards, start=time.time(),
         estimate_mib=(sub.est_mib or sub.need_mib) if sub else None,
         estimator=(sub.estimator or sub.mode) if sub else None,
