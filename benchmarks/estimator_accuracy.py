@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
-from estimators import estimate, parse_summary  # noqa: E402
+from estimators import attention_fit, estimate, parse_summary, read_summary_file  # noqa: E402
 from estimators.base import Job  # noqa: E402
 from estimators.calibration import Row, fit, fit_quantile, hides_blocks  # noqa: E402
 from estimators.features import compute  # noqa: E402
@@ -59,6 +59,9 @@ from estimators.layer_aware import (  # noqa: E402
     load_calibration,
 )
 from estimators.model import Layer, ModelSummary  # noqa: E402
+from estimators.recognition import recognise  # noqa: E402
+
+CORPUS = REPO / "estimators" / "data" / "corpus"
 
 DATA = REPO.parent / "shared" / "data" / "gpu-memory"
 SUMMARIES = REPO / "benchmarks" / "summaries" / "timm_torchinfo.jsonl.xz"
@@ -434,6 +437,8 @@ def calibrate(cases: list[Case]) -> None:
         "split": f"hash of model name, {HELD_OUT_SHARE:.0%} held out, never fitted",
         "command": "benchmarks/estimator_accuracy.py --calibrate",
     }
+    if attention_fit.CSV_PATH.exists():
+        doc["attention"] = attention_fit.fit(attention_fit.load())
     CALIBRATION_FILE.parent.mkdir(parents=True, exist_ok=True)
     CALIBRATION_FILE.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(f"wrote {CALIBRATION_FILE.relative_to(REPO)}: "
@@ -441,7 +446,71 @@ def calibrate(cases: list[Case]) -> None:
           f"margin {cal.margin_rel:.1%} (largest bucket) + {cal.margin_abs_mib:.0f} MiB")
 
 
-def timings(summary_text: str) -> str:
+def transformer_table() -> str:
+    """Transformers, held out by model family: every family's traced runs
+    (``attention_measurements.csv``: exact tensor accounting of Hugging Face models,
+    FakeTensorMode + MemTracker) predicted by constants fitted on the other families,
+    with the margin chosen on the other families too (nested leave-one-family-out),
+    tensors only (no CUDA context, no allocator overhead: k_alloc = 1)."""
+    runs = attention_fit.load()
+    fams = sorted({r.family for r in runs})
+    lines = [f"{'family':<10} {'impl':<6} {'n':>4} {'not-under':>9} {'med-err':>8} "
+             f"{'med-over':>8} {'worst-under':>11}  (tensors; constants and margin fitted "
+             "without the family)"]
+    allp: list[tuple[float, float]] = []
+    for fam in fams:
+        train = [r for r in runs if r.family != fam]
+        c = attention_fit.fit_coefficients(train)
+        rel = attention_fit.margin(attention_fit.held_out_by_family(train))
+        for impl in ("eager", "sdpa"):
+            test = [r for r in runs if r.family == fam and r.impl == impl]
+            if not test:
+                continue
+            pairs = []
+            for r in test:
+                p, a = attention_fit.split_parts(c, r.x)
+                pairs.append((p + a * (1 + rel), r.traced_mib))
+            allp += pairs
+            m = metrics([e for e, _ in pairs], [t for _, t in pairs])
+            lines.append(f"{fam:<10} {impl:<6} {m['n']:>4} {m['ok']:>9.1%} {m['med']:>+8.1%} "
+                         f"{m['med_over']:>+8.1%} {m['worst']:>+11.1%}")
+    m = metrics([e for e, _ in allp], [t for _, t in allp])
+    lines.append(f"{'all':<10} {'':<6} {m['n']:>4} {m['ok']:>9.1%} {m['med']:>+8.1%} "
+                 f"{m['med_over']:>+8.1%} {m['worst']:>+11.1%}")
+    cal = load_calibration().attention
+    lines.append("shipped constants (all families): " + ", ".join(
+        f"{k} {cal[k]:.3g}" for k in ("score_bytes", "rel_factor", "token_bytes", "k_leaf",
+                                       "k_largest", "k_alloc", "margin_rel")))
+    return "\n".join(lines)
+
+
+def recognition_coverage() -> str:
+    """What the rules recognise on the corpus (every transformer must be
+    attention-bearing) and how the timm tables are classified."""
+    lines = []
+    n_tr = ok = 0
+    for p in sorted(CORPUS.glob("*.txt")):
+        s = read_summary_file(p)
+        rec = recognise(s)
+        is_tr = not p.name.startswith(("flax_cnn",))
+        n_tr += is_tr
+        ok += is_tr and rec.attention and rec.recognised
+        lines.append(f"  {p.name:<40} {s.format:<13} {rec.kind:<11} {rec.family or '-':<12} "
+                     f"attention layers {sum(not c.cross for c in rec.cores):>3} "
+                     f"cross {sum(c.cross for c in rec.cores):>2}")
+    head = (f"recognition on the corpus ({CORPUS.relative_to(REPO)}): {ok} of {n_tr} "
+            "transformer summaries recognised as attention-bearing")
+    kinds: dict[str, int] = {}
+    with lzma.open(SUMMARIES, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                k = recognise(parse_summary(json.loads(line)["summary"])).kind
+                kinds[k] = kinds.get(k, 0) + 1
+    tail = "timm tables by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    return "\n".join([head, *lines, tail])
+
+
+def timings(summary_text: str, name: str = "resnet50 torchinfo") -> str:
     """CLI wall time (fresh process each call) and library call time."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(summary_text)
@@ -465,7 +534,7 @@ def timings(summary_text: str) -> str:
         t0 = time.perf_counter()
         estimate(summary_text, batch_size=32)
         lib.append(time.perf_counter() - t0)
-    return (f"CLI `colloc estimate --json` (resnet50 torchinfo): median "
+    return (f"CLI `colloc estimate --json` ({name}): median "
             f"{statistics.median(walls) * 1000:.0f} ms, max {max(walls) * 1000:.0f} ms wall "
             f"(7 runs)\nlibrary estimate(text, batch_size=32) incl. parsing: median "
             f"{statistics.median(lib) * 1000:.2f} ms, p99 "
@@ -476,7 +545,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="refit calibration.json first")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--transformers-only", action="store_true",
+                    help="only the transformer section and recognition coverage (no "
+                         "measured data needed)")
     args = ap.parse_args()
+    if args.transformers_only:
+        print("transformers, held out by model family:")
+        print(transformer_table())
+        print(recognition_coverage())
+        if not args.no_timing:
+            print(timings((CORPUS / "bert_base_mlm.print_params.txt").read_text(),
+                          "bert-base print(model)"))
+        return 0
     cases = mlp_cases(DATA / "gpumemnet_mlp_a100.csv")
     timm, dropped = timm_cases(DATA / "timm_a100_calibration.csv")
     cases += timm
@@ -507,9 +587,14 @@ def main() -> int:
     print("with measured history of the same model (timm; every run's history is built "
           "from the same model's other rows, spike runs included):")
     print(history_table(cases))
+    print("transformers, held out by model family:")
+    print(transformer_table())
+    print(recognition_coverage())
     if not args.no_timing:
         sample = REPO / "sbatch_templates" / "summaries" / "resnet50_torchinfo.txt"
         print(timings(sample.read_text()))
+        print(timings((CORPUS / "bert_base_mlm.print_params.txt").read_text(),
+                      "bert-base print(model)"))
     return 0
 
 

@@ -54,6 +54,7 @@ def estimate(
     estimator: str = DEFAULT,
     history: HistoryStore | None = None,
     model_factory: str | None = None,
+    attention: str | None = None,
 ) -> Estimate:
     """Estimate a training job's peak GPU memory (MiB, as nvidia-smi reports it).
 
@@ -62,9 +63,12 @@ def estimate(
     optimizer and precision, they win (:mod:`estimators.history_scaling`): the estimator
     is ``history`` (same batch size), ``history-fit`` (two or more other batch sizes)
     or ``history-anchored`` (one other batch size plus this estimator's growth).
+    ``attention`` (``eager``, ``sdpa``, ``flash``) is the job's attention
+    implementation; None takes what the summary shows, else eager (the safe side).
     """
     parsed = parse_summary(summary) if isinstance(summary, str) else summary
-    job = Job(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer, precision=precision)
+    job = Job(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer, precision=precision,
+              attention=attention)
     est = get(estimator, model_factory=model_factory)
     if history is not None:
         fp = parsed.fingerprint()

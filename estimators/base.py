@@ -9,6 +9,7 @@ from estimators.errors import EstimatorInputError
 from estimators.model import ModelSummary
 from estimators.physics import OPTIMIZERS, PRECISIONS
 
+ATTENTION_IMPLS = ("eager", "sdpa", "flash")
 MAX_BATCH_SIZE = 1 << 20
 MAX_SEQ_LEN = 1 << 22
 
@@ -21,6 +22,8 @@ class Job:
     seq_len: int | None = None
     optimizer: str = "adam"
     precision: str = "fp32"
+    attention: str | None = None
+    """``eager``, ``sdpa`` or ``flash``; None: from what the summary shows, else eager."""
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
@@ -34,6 +37,9 @@ class Job:
         if self.optimizer not in OPTIMIZERS:
             raise EstimatorInputError(f"unknown optimizer {self.optimizer!r}; "
                                       f"one of {', '.join(OPTIMIZERS)}")
+        if self.attention is not None and self.attention not in ATTENTION_IMPLS:
+            raise EstimatorInputError(f"unknown attention implementation {self.attention!r}; "
+                                      f"one of {', '.join(ATTENTION_IMPLS)}")
         if self.precision not in PRECISIONS:
             raise EstimatorInputError(f"unknown precision {self.precision!r}; "
                                       f"one of {', '.join(PRECISIONS)}")

@@ -6,6 +6,7 @@ allocator's rounding), attention score tensors, the largest single activation
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from estimators.layers import (
@@ -52,9 +53,14 @@ class Features:
     as opposed to big unknown layers."""
     table_depth: int = 0
     """Deepest row of the table (torchinfo's ``depth``)."""
+    conv_layers: int = 0
+    """Convolution leaves (a stem of one or two is not a convolutional network)."""
+    std_conv: bool = False
+    """Weight-standardised convolutions (NF-nets' ``ScaledStdConv2d``): their gains and
+    standardisation are functions the summary hides."""
 
 
-MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
+MARGIN_BUCKETS = ("mlp", "cnn", "cnn_large", "normfree", "attn_explicit", "attn_hidden")
 """Architecture buckets the safety margin is calibrated per (see :func:`margin_bucket`)."""
 HIDDEN_KINDS = ("hidden_map", "hidden_tok")
 """Margin keys of blocks shown without their children (feature-map and token blocks):
@@ -80,7 +86,10 @@ def margin_bucket(f: Features) -> str:
     * ``normfree``: convolutional nets without a fused normalisation (NF-nets' scaled
       weight-standardised convolutions and gains, EvoNorm / FRN composites): their
       elementwise ops are functions, not modules, so the summary hides kept tensors;
-    * ``cnn``: convolutional nets with BatchNorm / LayerNorm / GroupNorm modules;
+    * ``cnn``: convolutional nets with BatchNorm / LayerNorm / GroupNorm modules, or
+      plain ones without any normalisation (VGG, AlexNet: nothing hidden);
+      ``cnn_large`` the same with at least :data:`CNN_LARGE_MIB` of activations and
+      workspace (ImageNet-size CNNs at batch 32+), whose relative spread is narrower;
     * ``mlp``: everything else (linear layers, activations, norms, dropout).
 
     Blocks shown without their children do not decide the bucket: their activations
@@ -90,8 +99,21 @@ def margin_bucket(f: Features) -> str:
     if a["attention"] > 0 or a["attn_probs"] > 0 or f.attn_scores > 0 or f.attention_rows:
         return "attn_explicit" if a["attn_probs"] > 0 else "attn_hidden"
     if a["conv"] > 0:
-        return "normfree" if (a["norm_composite"] > 0 or a["norm"] == 0) else "cnn"
+        if (a["norm_composite"] > 0 or f.std_conv
+                or (a["norm"] == 0 and f.conv_layers <= STEM_CONVS)):
+            return "normfree"
+        if sum(a.values()) + f.largest >= CNN_LARGE_MIB:
+            return "cnn_large"
+        return "cnn"
     return "mlp"
+
+
+STEM_CONVS = 2
+"""A network with at most this many convolutions and no normalisation module is not a
+plain CNN (ResMLP: a patch stem, then affine ops the summary hides)."""
+CNN_LARGE_MIB = 4096.0
+"""Activations + workspace (MiB, unweighted) from which a CNN job is ``cnn_large``."""
+_STD_CONV = re.compile(r"(std|scaled|ws)\w*conv|conv\w*(std|ws)\d?d?$", re.IGNORECASE)
 
 
 def seq_scale(summary: ModelSummary, seq_len: int | None) -> tuple[float, int | None, bool]:
@@ -118,6 +140,8 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     scores = 0.0
     parents: list[str] = []  # type of the enclosing row at each depth
     attention_rows = 0
+    conv_layers = 0
+    std_conv = False
     hidden_params = 0
     hidden_containers = 0
     # only torchinfo cuts blocks off, and only at the table's deepest level
@@ -146,6 +170,9 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
             packers[cat].add(nbytes)
             continue
         cat = leaf_category(layer.type, layer.params)
+        if cat == "conv":
+            conv_layers += 1
+            std_conv = std_conv or bool(_STD_CONV.search(layer.type))
         shape = layer.output_shape
         kind, width = _block_geometry(shape, layer.width, layer.params)
         if hidden and (cat in ("block", "attention") or is_composite(layer.type)
@@ -188,6 +215,8 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
         hidden_share=hidden_params / summary.total_params if summary.total_params else 0.0,
         hidden_containers=hidden_containers,
         table_depth=table_depth,
+        conv_layers=conv_layers,
+        std_conv=std_conv,
     )
 
 

@@ -21,16 +21,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from estimators.attention import PRIOR as ATTENTION_PHYSICS
+from estimators.attention import AttentionMemory, attention_memory, resolve_impl
 from estimators.base import Estimate, Job
 from estimators.errors import EstimatorInputError
-from estimators.features import Features, compute, hidden_kind, margin_bucket
+from estimators.features import (
+    DEFAULT_SEQ_LEN,
+    Features,
+    compute,
+    hidden_kind,
+    margin_bucket,
+)
 from estimators.layers import CATEGORIES
 from estimators.model import ModelSummary
+from estimators.physics import activation_bytes_per_elem
+from estimators.recognition import HF_FAMILIES, Recognition, recognise
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
 
 
+FALLBACK_BUCKET = {"cnn_large": "cnn"}
+"""A split-off bucket the calibration had too few runs for keeps its parent's margin."""
+
 TRACING_PRIOR = {"context_mib": 1500.0, "k": 1.2, "margin_rel": 0.5}
+ATTENTION_PRIOR = {**ATTENTION_PHYSICS, "k_leaf": 1.0, "k_largest": 2.0, "k_alloc": 1.05,
+                   "margin_rel": 0.25, "margin_abs_mib": 256.0}
+"""Transformer constants when none were fitted: every shown output kept once, the
+largest (logits) twice, 5% allocator overhead, a 25% margin."""
 """Tracing constants when none were fitted: a typical context, 20% allocator overhead,
 a wide margin."""
 
@@ -59,17 +76,43 @@ class Calibration:
     tracing: dict[str, float] = field(default_factory=lambda: dict(TRACING_PRIOR))
     """The tracing estimator's constants: ``context_mib``, ``k`` (reserved / traced
     bytes) and ``margin_rel`` (on the traced part)."""
+    attention: dict[str, float] = field(default_factory=lambda: dict(ATTENTION_PRIOR))
+    """Transformer constants (:mod:`estimators.attention`), fitted on the exact tensor
+    accounting of Hugging Face models (``attention_measurements.csv``): bytes per
+    score / relative-score / context element, ``k_leaf`` and ``k_largest`` (the shown
+    layers' outputs and the largest one: logits and their loss copies), ``k_alloc``
+    (allocator overhead over exact tensors) and the margin (``margin_rel`` on the
+    activation part, ``margin_abs_mib``)."""
+
+    def conservative_margin(self) -> tuple[float, float]:
+        """The largest relative and absolute margins of any bucket: what a model the
+        rules cannot place (``unknown``, ``mixed``) gets."""
+        rels = [self.margin_rel, *self.margin_rel_by_bucket.values(),
+                self.attention.get("margin_rel", 0.0)]
+        abss = [self.margin_abs_mib, *self.margin_abs_by_bucket.values(),
+                self.attention.get("margin_abs_mib", 0.0)]
+        return max(rels), max(abss)
 
     def rel_margin(self, bucket: str) -> float:
-        """The relative margin for an architecture bucket."""
+        """The relative margin for an architecture bucket (``unknown``: the largest)."""
+        if bucket == "unknown":
+            return self.conservative_margin()[0]
+        if bucket not in self.margin_rel_by_bucket and bucket in FALLBACK_BUCKET:
+            bucket = FALLBACK_BUCKET[bucket]
         return self.margin_rel_by_bucket.get(bucket, self.margin_rel)
 
     def abs_margin(self, bucket: str) -> float:
-        """The absolute margin (MiB) for an architecture bucket."""
+        """The absolute margin (MiB) for an architecture bucket (``unknown``: the largest)."""
+        if bucket == "unknown":
+            return self.conservative_margin()[1]
+        if bucket not in self.margin_abs_by_bucket and bucket in FALLBACK_BUCKET:
+            bucket = FALLBACK_BUCKET[bucket]
         return self.margin_abs_by_bucket.get(bucket, self.margin_abs_mib)
 
     def ratio_interval(self, bucket: str) -> tuple[float, float]:
         """5th-95th percentile of measured / unmargined estimate for a bucket."""
+        if bucket not in self.interval_by_bucket and bucket in FALLBACK_BUCKET:
+            bucket = FALLBACK_BUCKET[bucket]
         return self.interval_by_bucket.get(bucket, self.interval)
 
     @classmethod
@@ -96,6 +139,9 @@ class Calibration:
                 for a, b in d.get("interval_by_bucket", {}).items()},
             tracing={**TRACING_PRIOR,
                      **{str(a): float(b) for a, b in d.get("tracing", {}).items()}},
+            attention={**ATTENTION_PRIOR,
+                       **{str(a): float(b) for a, b in d.get("attention", {}).items()
+                          if isinstance(b, int | float)}},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,7 +156,8 @@ class Calibration:
                 "interval": list(self.interval),
                 "interval_by_bucket": {b: list(v) for b, v in self.interval_by_bucket.items()},
                 "context_by_dataset": self.context_by_dataset,
-                "tracing": self.tracing}
+                "tracing": self.tracing,
+                "attention": self.attention}
 
 
 PRIOR = Calibration(
@@ -147,15 +194,54 @@ def base_breakdown(f: Features, cal: Calibration) -> dict[str, float]:
         "gradients": cal.k_params * f.params["gradients"],
         "optimizer_state": cal.k_params * (f.params["optimizer_state"]
                                            + f.params["optimizer_step"]),
-        "activations": acts + cal.k_scores * f.attn_scores,
+        "activations": acts,
+        "attention": cal.k_scores * f.attn_scores,
         "workspace": cal.k_workspace * f.largest,
     }
 
 
+def transformer_path(summary: ModelSummary, rec: Recognition, job: Job) -> bool:
+    """Whether the transformer model applies: attention layers recognised in a Hugging
+    Face family or a ``print(model)``, Keras, Flax or JSON summary, or any attention
+    model when the job
+    names its attention implementation. Other tables with attention (timm models'
+    torchinfo tables, the calibration data, where timm uses fused attention) keep the
+    bucket model fitted on their measured peaks."""
+    if not rec.attention:
+        return False
+    return (rec.family in HF_FAMILIES or summary.format in TRANSFORMER_FORMATS
+            or job.attention is not None)
+
+
+TRANSFORMER_FORMATS = ("pytorch-print", "keras", "flax", "json")
+"""Formats whose attention models take the transformer model whatever their family:
+none of them is in the timm calibration data (torchinfo tables)."""
+
+
+def transformer_breakdown(f: Features, am: AttentionMemory, cal: Calibration,
+                          precision: str) -> dict[str, float]:
+    """Unmargined MiB per component for a recognised transformer: the shown layers'
+    outputs, the attention tensors no row shows (first principles, bytes per element
+    fitted on exact tensor accounting) and the largest output's copies (logits, the
+    loss's log-softmax and their gradients), each times the allocator overhead."""
+    a = cal.attention
+    k = a["k_alloc"]
+    return {
+        "cuda_context": cal.context_mib,
+        "weights": cal.k_params * f.params["weights"],
+        "gradients": cal.k_params * f.params["gradients"],
+        "optimizer_state": cal.k_params * (f.params["optimizer_state"]
+                                           + f.params["optimizer_step"]),
+        "activations": k * a["k_leaf"] * sum(f.act.values()),
+        "attention": k * am.mib(a, activation_bytes_per_elem(precision) / 4.0),
+        "workspace": k * a["k_largest"] * f.largest,
+    }
+
+
 def margin_basis(parts: dict[str, float]) -> float:
-    """The part of an estimate the relative margin scales: activations and workspace,
-    the terms that depend on what the summary cannot show."""
-    return parts["activations"] + parts["workspace"]
+    """The part of an estimate the relative margin scales: activations, attention and
+    workspace, the terms that depend on what the summary cannot show."""
+    return parts["activations"] + parts.get("attention", 0.0) + parts["workspace"]
 
 
 def hidden_parts(f: Features, cal: Calibration) -> tuple[float, float]:
@@ -170,11 +256,12 @@ def hidden_part(f: Features, cal: Calibration) -> float:
     return sum(hidden_parts(f, cal))
 
 
-def margin_mib(f: Features, parts: dict[str, float], cal: Calibration) -> float:
+def margin_mib(f: Features, parts: dict[str, float], cal: Calibration,
+               bucket: str | None = None) -> float:
     """The safety margin: the bucket's relative margin on the visible activations and
     workspace plus its absolute part, and the hidden-block margin on hidden blocks."""
     hmap, htok = hidden_parts(f, cal)
-    bucket = margin_bucket(f)
+    bucket = bucket or margin_bucket(f)
     visible = max(0.0, margin_basis(parts) - hmap - htok)
     return (visible * cal.rel_margin(bucket) + cal.abs_margin(bucket)
             + hmap * cal.rel_margin("hidden_map") + htok * cal.rel_margin("hidden_tok"))
@@ -223,13 +310,45 @@ class LayerAwareEstimator:
         cal = self.calibration
         f = compute(summary, job.batch_size, job.seq_len, job.optimizer, job.precision)
         _refuse_if_too_shallow(summary, f)
-        parts = base_breakdown(f, cal)
+        rec = recognise(summary)
+        notes = []
+        attn_info: dict[str, object] = {}
+        if transformer_path(summary, rec, job):
+            impl, source = resolve_impl(rec, job.attention)
+            seq = f.seq_len or next((c.tokens for c in rec.cores if c.tokens), None) \
+                or DEFAULT_SEQ_LEN
+            am = attention_memory(rec, job.batch_size, seq, impl, source)
+            parts = transformer_breakdown(f, am, cal, job.precision)
+            bucket = "transformer"
+            rel, abs_mib = cal.attention["margin_rel"], cal.attention["margin_abs_mib"]
+            if not rec.recognised:
+                bucket = "unknown"
+                rel, abs_mib = cal.conservative_margin()
+            margin = margin_basis(parts) * rel + abs_mib
+            attn_info = {"implementation": impl, "implementation_source": source,
+                         "seq_len": seq, "layers": len(rec.cores)}
+            if source == "default":
+                notes.append("attention implementation not shown: eager assumed (keeps "
+                             "batch x heads x seq^2 tensors per layer); pass --attention "
+                             "sdpa or flash if the job uses fused attention")
+            lo, hi = cal.attention.get("interval_lo", 0.8), cal.attention.get("interval_hi",
+                                                                                1.25)
+        else:
+            parts = base_breakdown(f, cal)
+            bucket = margin_bucket(f)
+            if rec.attention and not bucket.startswith("attn_"):
+                bucket = "attn_hidden"  # attention the rows do not show as such
+            if not rec.recognised:
+                bucket = "unknown"
+            margin = margin_mib(f, parts, cal, bucket) if rec.recognised else (
+                margin_basis(parts) * cal.rel_margin("unknown") + cal.abs_margin("unknown"))
+            lo, hi = cal.ratio_interval(hidden_kind(f) or bucket)
         base = sum(parts.values())
-        bucket = margin_bucket(f)
-        margin = margin_mib(f, parts, cal)
         total = math.ceil(base + margin)
         parts["margin"] = margin
-        notes = []
+        if not rec.recognised:
+            notes.append(f"architecture not recognised ({rec.kind}): the most conservative "
+                         "margin applies")
         if f.seq_assumed:
             notes.append(f"summary has no shapes and no --seq-len: assumed {f.seq_len} tokens")
         if job.precision != "fp32":
@@ -244,18 +363,21 @@ class LayerAwareEstimator:
                          "torchinfo.summary(..., depth=10) gives a tighter estimate")
         if cal is PRIOR:
             notes.append("no calibration file: uncalibrated physics priors")
-        lo, hi = cal.ratio_interval(hidden_kind(f) or bucket)
+        uncertainty: dict[str, object] = {
+            "peak_90pct_mib": [math.floor(base * lo), math.ceil(base * hi)],
+            "basis": ("5th-95th percentile of measured/estimated on the calibration split, "
+                      f"architecture bucket {bucket!r}"),
+            "bucket": bucket,
+            "architecture": rec.to_json(),
+            "notes": notes,
+        }
+        if attn_info:
+            uncertainty["attention"] = attn_info
         return Estimate(
             estimate_mib=total,
             estimator=self.name,
             breakdown=parts,
             margin_mib=math.ceil(margin),
             fingerprint=summary.fingerprint(),
-            uncertainty={
-                "peak_90pct_mib": [math.floor(base * lo), math.ceil(base * hi)],
-                "basis": ("5th-95th percentile of measured/estimated on the calibration split, "
-                          f"architecture bucket {bucket!r}"),
-                "bucket": bucket,
-                "notes": notes,
-            },
+            uncertainty=uncertainty,
         )

@@ -112,7 +112,12 @@ def is_container_type(type_name: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def category(type_name: str) -> str:
-    """The backward-memory category of a layer type name (``other`` if unknown)."""
+    """The backward-memory category of a layer type name (``other`` if unknown).
+
+    Hugging Face's ``Conv1D`` (exact case; GPT-2's ``c_attn``, ``c_fc``, ``c_proj``) is
+    a transposed linear layer, not a convolution (torch's is ``Conv1d``)."""
+    if type_name == "Conv1D":
+        return "linear"
     for cat, rx in _RULES:
         if rx.search(type_name):
             return cat

@@ -33,6 +33,9 @@ class Layer:
     depth: int = 0
     leaf: bool = True
     trainable: bool = True
+    name: str = field(default="", compare=False)
+    """The attribute name the format shows (``print(model)``'s ``(query)``), if any: a
+    hint for architecture recognition, never part of the fingerprint."""
 
     def out_elems(self, seq_len: int | None) -> int:
         """Output elements per sample (``seq_len`` used only by shape-less layers)."""
@@ -55,6 +58,16 @@ class ModelSummary:
     """Sequence length the summary was made at, when it shows one (token models)."""
     input_shape: tuple[int, ...] | None = None
     meta: dict[str, str] = field(default_factory=dict, compare=False)
+    containers: tuple[Layer, ...] = field(default=(), compare=False)
+    """Container modules a format shows but keeps out of :attr:`layers` (``print(model)``
+    lists ``BertSelfAttention(`` above its Linear children): they own no activations
+    but tell what the model is (:mod:`estimators.recognition`). Tree formats
+    (torchinfo) keep their containers in :attr:`layers` as non-leaf rows."""
+
+    @property
+    def all_rows(self) -> tuple[Layer, ...]:
+        """Every row the summary shows: layers and containers."""
+        return self.layers + self.containers if self.containers else self.layers
 
     @property
     def leaves(self) -> tuple[Layer, ...]:

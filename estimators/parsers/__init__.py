@@ -6,25 +6,40 @@ so a torchinfo table (which also says "Layer (type") is never taken for torchsum
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from estimators.errors import EstimatorInputError, SummaryParseError
 from estimators.model import ModelSummary
-from estimators.parsers import json_format, keras, pytorch_print, torchinfo, torchsummary
+from estimators.parsers import flax, json_format, keras, pytorch_print, torchinfo, torchsummary
 from estimators.parsers._common import check_plausible
 
 MAX_SUMMARY_BYTES = 4 * 1024 * 1024
 """Largest summary accepted: a torchinfo table of a 1,000-layer model is ~150 kB; more
 than this is a wrong file (a log, a checkpoint) and must not be slurped on a login node."""
 
-FORMATS: dict[str, tuple[Callable[[str], bool], Callable[[str], ModelSummary]]] = {
+Detector = Callable[[str], bool]
+Parser = Callable[[str], ModelSummary]
+FORMATS: dict[str, tuple[Detector, Parser]] = {
     "json": (json_format.looks_like, json_format.parse),
     "torchinfo": (torchinfo.looks_like, torchinfo.parse),
     "keras": (keras.looks_like, keras.parse),
     "torchsummary": (torchsummary.looks_like, torchsummary.parse),
     "pytorch-print": (pytorch_print.looks_like, pytorch_print.parse),
 }
+"""The PyTorch/Keras/JSON formats (the security tests feed each a hostile line)."""
+JAX_FORMATS: dict[str, tuple[Detector, Parser]] = {
+    "flax": (flax.looks_like, flax.parse),
+}
+"""JAX formats (Flax ``nn.tabulate``), detected after torchinfo and before Keras."""
+ALL_FORMATS: dict[str, tuple[Detector, Parser]] = {
+    "json": FORMATS["json"], "torchinfo": FORMATS["torchinfo"], **JAX_FORMATS,
+    "keras": FORMATS["keras"], "torchsummary": FORMATS["torchsummary"],
+    "pytorch-print": FORMATS["pytorch-print"],
+}
+"""Every format, in detection order (most specific header first)."""
 
 
 def parse_summary(text: str, fmt: str | None = None) -> ModelSummary:
@@ -47,17 +62,17 @@ def _parse(text: str, fmt: str | None) -> ModelSummary:
     if "\x00" in text:
         raise SummaryParseError("summary contains NUL bytes: not a text summary")
     if fmt is not None:
-        if fmt not in FORMATS:
+        if fmt not in ALL_FORMATS:
             raise EstimatorInputError(
-                f"unknown summary format {fmt!r}; known: {', '.join(FORMATS)}")
-        return _guarded(fmt, FORMATS[fmt][1], text)
-    for name, (detect, parse) in FORMATS.items():
+                f"unknown summary format {fmt!r}; known: {', '.join(ALL_FORMATS)}")
+        return _guarded(fmt, ALL_FORMATS[fmt][1], text)
+    for name, (detect, parse) in ALL_FORMATS.items():
         if detect(text):
             return _guarded(name, parse, text)
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     raise SummaryParseError(
-        "not a recognised model summary (torchinfo, torchsummary, print(model), Keras or "
-        "colloc JSON)", line_no=1 if first else None, line=first or None,
+        "not a recognised model summary (torchinfo, torchsummary, print(model), Keras, "
+        "Flax tabulate or colloc JSON)", line_no=1 if first else None, line=first or None,
     )
 
 
@@ -77,10 +92,21 @@ def read_summary_file(path: str | Path) -> ModelSummary:
     """Read and parse a summary file, refusing oversized or unreadable files early."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file
+        # is read (a FIFO, a device or a socket could block or never end)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise EstimatorInputError(f"{p}: cannot read summary: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EstimatorInputError(f"{p}: not a regular file; give the summary as a file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_SUMMARY_BYTES + 1)
     except OSError as e:
         raise EstimatorInputError(f"{p}: cannot read summary: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_SUMMARY_BYTES:
         raise EstimatorInputError(
             f"{p}: larger than {MAX_SUMMARY_BYTES // (1024 * 1024)} MiB; not a model summary")

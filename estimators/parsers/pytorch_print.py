@@ -100,6 +100,7 @@ def looks_like(text: str) -> bool:
 class _Node:
     type: str
     rep: int
+    name: str = ""
     params: int | None = None
     width: int | None = None
     children: list[_Node] = field(default_factory=list)
@@ -287,7 +288,7 @@ def parse(text: str) -> ModelSummary:
                 raise SummaryParseError(f"print(model): modules nested more than {MAX_NESTING} "
                                         "deep; not a real model", line_no=i + 1, line=raw)
             node = _Node(type=m.group("type"), rep=_rep(m.group("rep"), i + 1, raw),
-                         params=count)
+                         params=count, name=m.group("name") or "")
             if stack:
                 stack[-1].children.append(node)
             elif root is None:
@@ -301,7 +302,8 @@ def parse(text: str) -> ModelSummary:
         if m and stack:
             params, width = _leaf_info(m.group("type"), m.group("args"))
             node = _Node(type=m.group("type"), rep=_rep(m.group("rep"), i + 1, raw),
-                         params=count if count is not None else params, width=width, leaf=True)
+                         params=count if count is not None else params, width=width, leaf=True,
+                         name=m.group("name") or "")
             stack[-1].children.append(node)
             continue
         pm = _PARAM_LINE.match(body)
@@ -330,38 +332,18 @@ def parse(text: str) -> ModelSummary:
     if _expanded(root) > MAX_LAYERS:
         raise SummaryParseError(f"print(model): too many layers once repeats are expanded "
                                 f"(> {MAX_LAYERS}); not a real model")
-    layers: list[Layer] = []
-    prev_width: list[int | None] = [None]
+    computed = _totals(root)
+    rows = _flatten(root)
+    layers = [r for r in rows if r.leaf]
 
-    def emit(typ: str, params: int, width: int | None, depth: int) -> None:
-        width = width if width is not None else prev_width[0]
-        prev_width[0] = width
-        layers.append(Layer(type=typ, params=params, width=width, depth=depth))
-
-    def walk(node: _Node, depth: int) -> int:
-        """Flatten to leaves (repeats expanded); returns the node's parameter total."""
-        if node.leaf:
-            p = node.params or 0
-            for _ in range(node.rep):
-                emit(node.type, p, node.width, depth)
-            return p * node.rep
-        total = 0
-        for _ in range(node.rep):
-            if node.op_params is not None or node.op_width is not None:
-                # a container that computes itself (BatchNormAct2d): its op is a layer
-                emit(node.type, node.op_params or 0, node.op_width, depth + 1)
-            sub = node.own + (node.op_params or 0)
-            for child in node.children:
-                sub += walk(child, depth + 1)
-            total += sub
-        return total
-
-    computed = walk(root, 0)
     total = root.params if root.params is not None else computed
     seq = _max_positions(lines)
     meta = {"max_positions": str(seq)} if seq else {}
+    # how leaves and containers interleave (recognition rebuilds the tree from it)
+    meta["row_order"] = "".join("l" if r.leaf else "c" for r in rows)
     return ModelSummary(format="pytorch-print", layers=tuple(layers), total_params=total,
-                        trainable_params=total, meta=meta)
+                        trainable_params=total, meta=meta,
+                        containers=tuple(r for r in rows if not r.leaf))
 
 
 def _rep(digits: str | None, line_no: int, raw: str) -> int:
@@ -373,16 +355,76 @@ def _rep(digits: str | None, line_no: int, raw: str) -> int:
     return int(digits)
 
 
+def _postorder(root: _Node) -> list[_Node]:
+    """Every node once, children before parents (iterative: no recursion limit)."""
+    out: list[_Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children)
+    out.reverse()
+    return out
+
+
+def _has_op(node: _Node) -> bool:
+    return node.op_params is not None or node.op_width is not None
+
+
 def _expanded(root: _Node) -> int:
-    """Leaf count with repeats expanded, saturating above :data:`MAX_LAYERS` (the tree
-    is at most :data:`MAX_NESTING` deep, so this recursion is bounded)."""
+    """Rows (leaves, containers and container ops) with repeats expanded, saturating
+    above :data:`MAX_LAYERS`: computed bottom-up once per distinct node, so nested
+    ``N x`` repeats cost nothing to count however large their product."""
+    rows: dict[int, int] = {}
+    for node in _postorder(root):
+        own = 1 if node.leaf else 1 + _has_op(node) + sum(rows[id(c)] for c in node.children)
+        rows[id(node)] = min(node.rep * min(own, MAX_LAYERS + 1), MAX_LAYERS + 1)
+    return rows[id(root)]
 
-    def count(node: _Node) -> int:
-        own = 1 if node.leaf else sum(count(c) for c in node.children) + (
-            1 if node.op_params is not None or node.op_width is not None else 0)
-        return min(node.rep * own, MAX_LAYERS + 1)
 
-    return count(root)
+def _totals(root: _Node) -> int:
+    """Parameters of the whole model (one copy of ``root``), bottom-up; stores each
+    container's one-copy total in ``node.params`` when print showed none."""
+    per_copy: dict[int, int] = {}
+    for node in _postorder(root):
+        if node.leaf:
+            per_copy[id(node)] = node.params or 0
+            continue
+        sub = node.own + (node.op_params or 0) + sum(
+            per_copy[id(c)] * c.rep for c in node.children)
+        per_copy[id(node)] = sub
+    return per_copy[id(root)]
+
+
+def _flatten(root: _Node) -> list[Layer]:
+    """Rows in print order with repeats expanded (bounded by :func:`_expanded`):
+    containers as non-leaf rows holding only the parameters they own themselves (so a
+    parameter sum over all rows stays the model's), leaves with their per-token width
+    (the previous layer's when the constructor shows none). Iterative, not recursive."""
+    layers: list[Layer] = []
+    prev_width: int | None = None
+    # (node, depth); a repeated node is pushed once per copy
+    stack: list[tuple[_Node, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if node.leaf:
+            width = node.width if node.width is not None else prev_width
+            prev_width = width
+            layers.append(Layer(type=node.type, params=node.params or 0, width=width,
+                                depth=depth, name=node.name))
+            continue
+        layers.append(Layer(type=node.type, params=node.own, depth=depth, leaf=False,
+                            name=node.name))
+        if _has_op(node):
+            # a container that computes itself (BatchNormAct2d): its op is a layer
+            width = node.op_width if node.op_width is not None else prev_width
+            prev_width = width
+            layers.append(Layer(type=node.type, params=node.op_params or 0, width=width,
+                                depth=depth + 1, name=node.name))
+        for child in reversed(node.children):
+            for _ in range(child.rep):
+                stack.append((child, depth + 1))
+    return layers
 
 
 def _close(node: _Node) -> None:

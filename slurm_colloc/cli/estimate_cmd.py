@@ -4,7 +4,7 @@ Contract (the cli_filter and sbatch templates depend on it):
 
     colloc estimate --summary FILE --batch-size N [--seq-len L]
         [--optimizer sgd|momentum|adam|adamw] [--precision fp32|amp-fp16|amp-bf16]
-        [--estimator NAME] [--json]
+        [--attention eager|sdpa|flash] [--estimator NAME] [--json]
 
 * ``--json``: exactly one JSON object on stdout with ``estimate_mib`` (int),
   ``estimator``, ``breakdown`` (MiB per component), ``margin_mib`` (int),
@@ -56,6 +56,9 @@ def _warn(message: str) -> None:
               help="Sequence length (token models).")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
+@click.option("--attention", type=click.Choice(("eager", "sdpa", "flash")), default=None,
+              help="Attention implementation of the job (default: what the summary shows, "
+                   "else eager).")
 @click.option("--estimator", "estimator_name", default=None, metavar="NAME",
               help="Estimator (default: the site's configured one, normally layer-aware).")
 @click.option("--model-factory", default=None, metavar="MODULE:FUNC",
@@ -63,8 +66,8 @@ def _warn(message: str) -> None:
 @click.option("--no-history", is_flag=True, help="Ignore measured peaks of earlier runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer: str,
-             precision: str, estimator_name: str | None, model_factory: str | None,
-             no_history: bool, as_json: bool) -> None:
+             precision: str, attention: str | None, estimator_name: str | None,
+             model_factory: str | None, no_history: bool, as_json: bool) -> None:
     """Estimate the peak GPU memory (MiB, as nvidia-smi shows it) of a training job."""
     from estimators import EstimatorInputError, HistoryStore, SqliteHistory, read_summary_file
     from estimators import estimate as run_estimate
@@ -97,6 +100,7 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
             estimator=estimator_name or cfg.estimator,
             history=history,
             model_factory=model_factory,
+            attention=attention,
         )
     except EstimatorInputError as e:
         _fail(str(e))

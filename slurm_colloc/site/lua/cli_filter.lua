@@ -80,6 +80,9 @@ local function estimate(o)
 	if o["colloc-precision"] then
 		argv[#argv + 1] = "--precision"; argv[#argv + 1] = o["colloc-precision"]
 	end
+	if o["colloc-attention"] then
+		argv[#argv + 1] = "--attention"; argv[#argv + 1] = o["colloc-attention"]
+	end
 	argv[#argv + 1] = "--json"
 	local out, code = run_estimator(argv)
 	if code ~= 0 then
@@ -128,7 +131,7 @@ end
 -- the plugin is loaded `optional` (a broken plugin must not fail every sbatch on the
 -- cluster), and Slurm ignores an optional plugin's errors.
 local EST_ARGS = { "colloc-batch-size", "colloc-seq-len", "colloc-optimizer",
-	"colloc-precision" }
+	"colloc-precision", "colloc-attention" }
 
 local function combination_error(o)
 	local summary = o["colloc"]

@@ -117,6 +117,7 @@ enum opt_id {
 	OPT_SEQ,
 	OPT_OPTIMIZER,
 	OPT_PRECISION,
+	OPT_ATTENTION,
 };
 
 /* What the user typed in this process (allocator/local context only). */
@@ -124,6 +125,7 @@ static int seen_colloc, seen_summary, seen_mem, seen_batch, seen_est_arg;
 
 static const char *const optimizers[] = { "sgd", "momentum", "adam", "adamw", NULL };
 static const char *const precisions[] = { "fp32", "amp-fp16", "amp-bf16", NULL };
+static const char *const attentions[] = { "eager", "sdpa", "flash", NULL };
 
 static int in_list(const char *v, const char *const *list)
 {
@@ -206,6 +208,14 @@ static int check_value(int val, const char *optarg)
 		}
 		seen_est_arg = 1;
 		return 0;
+	case OPT_ATTENTION:
+		if (!optarg || !in_list(optarg, attentions)) {
+			slurm_error(LOG_PREFIX "--colloc-attention=%s: expected one of "
+				    "eager, sdpa, flash", optarg ? optarg : "");
+			return -1;
+		}
+		seen_est_arg = 1;
+		return 0;
 	default:
 		return -1;
 	}
@@ -238,6 +248,9 @@ static struct spank_option options[] = {
 	{ "colloc-precision", "NAME",
 	  "Precision, for the estimate: fp32, amp-fp16 or amp-bf16 (estimator default if omitted).",
 	  1, OPT_PRECISION, opt_cb },
+	{ "colloc-attention", "IMPL",
+	  "Attention implementation, for the estimate: eager, sdpa or flash (default: what "
+	  "the summary shows, else eager).", 1, OPT_ATTENTION, opt_cb },
 	SPANK_OPTIONS_TABLE_END
 };
 
