@@ -363,7 +363,7 @@ def render(rep: JobReport) -> str:
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
            f"<title>colloc report: job {e(rep.job_id)}</title><style>{_CSS}</style></head><body>",
            f"<h1>colloc job report: job {e(rep.job_id)} {e(rep.name)}</h1><table>"]
-    state = rep.state + (" (so far)" if rep.running else "")
+    state = rep.state + (" (so far)" if state_class(rep.state) == "run" else "")
     for k, v, cls in (("User", rep.user, ""), ("State", state, state_class(rep.state)),
                       ("Exit code", rep.exit_code, ""), ("Node", rep.node, ""),
                       ("Elapsed", _hms(rep.elapsed_s), ""),

@@ -41,7 +41,10 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
         notes.append("This job carries no colloc data (not submitted with --colloc or a "
                      "shard request, or it never reached a colloc node).")
         return notes, advice
-    if rep.running:
+    if rep.state in ("PENDING", "REQUEUED"):
+        notes.append(f"The job is {rep.state}: it has not started (again) yet; figures of "
+                     "earlier attempts only.")
+    elif rep.running:
         notes.append(f"The job is {rep.state}: figures are what was measured so far.")
     if rep.truncated:
         notes.append("The accounting record was shortened to fit AdminComment; "

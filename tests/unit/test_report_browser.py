@@ -157,3 +157,15 @@ def test_report_renders_in_headless_chromium(name: str) -> None:
         assert _colour_count(rows, html.C_TENANT, 20) > 500  # the co-tenant's lane
     if name == "10-accounting":
         assert "not in this series" in text  # power missing: said, not silently blank
+
+
+def test_pending_job_is_grey_and_says_it_has_not_started() -> None:
+    from .test_report_build import SUB, Fake
+
+    w = Fake(rows={}, live={"60": {"JobState": "PENDING", "Restarts": "0", "AdminComment": SUB,
+                                   "TresPerNode": "gres:shard:6"}})
+    rep = model.build("60", w, CFG)
+    page = html.render(rep)
+    assert '<td class="pend">PENDING</td>' in page and "so far" not in page
+    assert any("has not started" in n for n in rep.notes)
+    assert "shard" in page  # the request
