@@ -99,7 +99,7 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
             "n": a.attempt,
             "e": _drop_none(
                 {
-                    "m": e.mib, "x": e.estimator, "g": e.margin, "f": e.fingerprint,
+                    "m": e.mib, "x": e.estimator, "g": e.margin_mib, "f": e.fingerprint,
                     "b": e.batch_size, "q": e.seq_len, "o": e.optimizer, "p": e.precision,
                 }
             )
@@ -240,6 +240,16 @@ def _num(d: dict[str, Any], key: str) -> float | None:
         raise RecordDecodeError(f"field {key!r}: number out of range") from e
 
 
+def _mib(d: dict[str, Any], key: str) -> int | None:
+    """A MiB count (older writers may have stored a float)."""
+    v = _num(d, key)
+    if v is None:
+        return None
+    if v != v or abs(v) > 1 << 40:  # NaN or absurd
+        raise RecordDecodeError(f"field {key!r}: not a MiB count")
+    return round(v)
+
+
 def _attempt_from_json(d: Any) -> Attempt:
     if not isinstance(d, dict):
         raise RecordDecodeError("attempt is not an object")
@@ -252,7 +262,7 @@ def _attempt_from_json(d: Any) -> Attempt:
         estimate=Estimate(
             mib=_get(e, "m", int, 0),
             estimator=_get(e, "x", str, ""),
-            margin=_num(e, "g"),
+            margin_mib=_mib(e, "g"),
             fingerprint=_get(e, "f", str),
             batch_size=_get(e, "b", int),
             seq_len=_get(e, "q", int),

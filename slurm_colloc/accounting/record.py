@@ -18,8 +18,8 @@ class Estimate:
 
     mib: int
     estimator: str
-    margin: float | None = None
-    """Safety margin the estimator added (fraction, 0.2 = 20 %)."""
+    margin_mib: int | None = None
+    """Safety margin the estimator added, in MiB (included in ``mib``)."""
     fingerprint: str | None = None
     """Model-summary fingerprint: the key of the estimator's measured history."""
     batch_size: int | None = None

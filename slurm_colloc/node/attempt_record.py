@@ -58,7 +58,7 @@ def build_attempt(
     if sub is not None and sub.est_mib:
         estimate = replace(
             key, mib=sub.est_mib, estimator=sub.estimator or "unknown",
-            margin=float(sub.margin_mib) if sub.margin_mib is not None else None,
+            margin_mib=sub.margin_mib,
             fingerprint=fingerprint,
         )
     elif sub is not None:

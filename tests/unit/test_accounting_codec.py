@@ -25,7 +25,7 @@ from slurm_colloc.accounting import (
 
 FULL = Attempt(
     attempt=0,
-    estimate=Estimate(8000, "layer-aware", 0.2, "sha256:ab12"),
+    estimate=Estimate(8000, "layer-aware", 1333, "sha256:ab12"),
     shards=8,
     shard_mib=1024,
     limit_mib=8192,
@@ -53,7 +53,8 @@ attempts = st.builds(
     attempt=st.integers(0, 50),
     estimate=st.one_of(
         st.none(),
-        st.builds(Estimate, st.integers(0, 10**6), text, opt_float, st.one_of(st.none(), text),
+        st.builds(Estimate, st.integers(0, 10**6), text,
+                  st.one_of(st.none(), st.integers(0, 10**6)), st.one_of(st.none(), text),
                   opt_int, opt_int, st.one_of(st.none(), text), st.one_of(st.none(), text)),
     ),
     shards=opt_int,

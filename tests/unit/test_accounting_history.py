@@ -43,7 +43,7 @@ def _attempt(n: int = 0, peak: int = 9000, *, fp: str = FP, batch: int = 32,
              seq_len: int | None = None, optimizer: str | None = None) -> Attempt:
     return Attempt(
         attempt=n,
-        estimate=Estimate(12000, "layer-aware", 0.2, fp, batch_size=batch, seq_len=seq_len,
+        estimate=Estimate(12000, "layer-aware", 2000, fp, batch_size=batch, seq_len=seq_len,
                           optimizer=optimizer, precision=None),
         oom=OomInfo("gpu-oom", "torch-cuda-oom") if oom else None,
         requeue=Requeue(True, "gpu-oom", "gres:shard:24", 24576) if requeued else None,

@@ -43,7 +43,7 @@ def _series(n: int, seed: int = 0, t0: int = 5) -> tuple[tuple[int, int, int | N
 def _attempt(n: int, points: int = 48, **kw: Any) -> Attempt:
     return Attempt(
         attempt=n,
-        estimate=Estimate(12266, "layer-aware", 0.2, "ab" * 32, batch_size=32, seq_len=512,
+        estimate=Estimate(12266, "layer-aware", 2044, "ab" * 32, batch_size=32, seq_len=512,
                           optimizer="adamw", precision="amp-bf16"),
         shards=12, shard_mib=1024, limit_mib=12288, gpu=1, node="gpu-node-017",
         co_tenants=("1001", "1002", "1003"),
@@ -88,11 +88,11 @@ def test_series_is_compact_on_the_wire() -> None:
 
 def test_old_record_without_new_fields_decodes() -> None:
     """A record written before issue 13 (no b/q/o/p, no series) still decodes."""
-    old = {"a": [{"n": 0, "e": {"m": 8000, "x": "layer-aware", "g": 0.2, "f": "ab12"},
+    old = {"a": [{"n": 0, "e": {"m": 8000, "x": "layer-aware", "g": 1333.0, "f": "ab12"},
                   "m": {"p": 8100, "a": 6000.5, "k": 3600, "d": True}}]}
     rec = decode(_tok(json.dumps(old, separators=(",", ":")).encode()))
     a = rec.attempts[0]
-    assert a.estimate == Estimate(8000, "layer-aware", 0.2, "ab12")
+    assert a.estimate == Estimate(8000, "layer-aware", 1333, "ab12")
     assert a.metrics is not None and a.metrics.series == () and a.metrics.peak_mib == 8100
 
 
