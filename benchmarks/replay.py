@@ -26,7 +26,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from slurm_colloc.bench import generators, policies, profiles, report
-from slurm_colloc.bench.metrics import PolicyMetrics
+from slurm_colloc.bench.metrics import PolicyMetrics, idle_while_queued
 from slurm_colloc.bench.replayer import ReplayConfig
 from slurm_colloc.bench.run import replay
 from slurm_colloc.bench.trace import Trace
@@ -52,9 +52,36 @@ def read_metrics(path: Path) -> list[PolicyMetrics]:
     return out
 
 
+def idle_queued_by_policy(run_dir: Path, name: str) -> dict[str, float]:
+    """:func:`metrics.idle_while_queued` per policy, from a run's committed CSVs."""
+    jobs_f, ts_f = run_dir / f"{name}_jobs.csv", run_dir / f"{name}_gpu_timeseries.csv"
+    if not jobs_f.exists() or not ts_f.exists():
+        return {}
+    waits: dict[str, list[tuple[float, float]]] = {}
+    ends: dict[str, float] = {}
+    with jobs_f.open() as f:
+        for r in csv.DictReader(f):
+            if r["submit_h"] and r["start_h"]:
+                waits.setdefault(r["policy"], []).append(
+                    (float(r["submit_h"]), float(r["start_h"])))
+            if r["end_h"]:
+                ends[r["policy"]] = max(ends.get(r["policy"], 0.0), float(r["end_h"]))
+    samples: dict[str, list[tuple[float, int]]] = {}
+    with ts_f.open() as f:
+        for r in csv.DictReader(f):
+            t = float(r["t_h"])
+            if 0 <= t <= ends.get(r["policy"], -1.0):
+                samples.setdefault(r["policy"], []).append((t, int(r["processes"])))
+    return {p: idle_while_queued(samples.get(p, []), w) for p, w in waits.items()}
+
+
 def write_summary(results: Path, name: str) -> str:
     """Summary over every run of ``name`` on disk; returns the markdown."""
-    runs = [read_metrics(p) for p in sorted((results / name).glob(f"x*/run*/{name}.csv"))]
+    runs = []
+    for p in sorted((results / name).glob(f"x*/run*/{name}.csv")):
+        idle = idle_queued_by_policy(p.parent, name)
+        runs.append([replace(m, idle_while_queued=idle.get(m.policy, math.nan))
+                     for m in read_metrics(p)])
     rows = report.summary_rows(runs)
     rows.sort(key=lambda r: (float(r["time_scale"]), str(r["policy"])))  # type: ignore[arg-type]
     md = (f"# {name}: median [range] over runs\n\n"

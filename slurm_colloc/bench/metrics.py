@@ -42,6 +42,8 @@ class PolicyMetrics:
     """``energy_common_kwh / completed_gpu_h``: energy per unit of work done."""
     kwh_per_gpu_h_vs_whole: float = math.nan
     time_scale: float = math.nan
+    idle_while_queued: float = math.nan
+    """Share of GPU samples idle while a job waited (:func:`idle_while_queued`)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -146,3 +148,22 @@ def relative_to(rows: list[PolicyMetrics], base: str = "whole-gpu") -> list[Poli
                 kwh_per_gpu_h_vs_whole=ratio(r.kwh_per_gpu_h, ref.kwh_per_gpu_h))
         for r in rows
     ]
+
+
+def idle_while_queued(
+    samples: Sequence[tuple[float, int]], waits: Sequence[tuple[float, float]],
+) -> float:
+    """Share of GPU samples ``(t, processes)`` with an idle GPU while a job was waiting.
+
+    ``waits``: each job's (submit, first start) interval, same clock as the samples.
+    Under whole GPUs this is the cost of Slurm's own latencies (scheduler passes,
+    prolog, epilog) plus GPUs held back for a job that needs more of them; it shrinks
+    as the time scale makes those latencies small next to job lengths.
+    """
+    if not samples:
+        return math.nan
+    idle = 0
+    for t, procs in samples:
+        if procs == 0 and any(s <= t < e for s, e in waits):
+            idle += 1
+    return idle / len(samples)

@@ -89,6 +89,7 @@ SUMMARY_METRICS = (
     ("lost", "lost", "{:.0f}"),
     ("oom_crashes", "OOM crashes", "{:.0f}"),
     ("gpu_busy_share", "GPU busy", "{:.2f}"),
+    ("idle_while_queued", "GPU idle while jobs wait", "{:.3f}"),
 )
 
 

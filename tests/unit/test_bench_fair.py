@@ -107,3 +107,11 @@ def test_held_out_traces_use_only_held_out_summaries() -> None:
     assert all(generators.held_out(j.summary) for j in t.jobs if j.summary)
     assert {j.user for j in t.jobs} <= set(generators.REPLAY_USERS)
     assert len({j.user for j in t.jobs}) == 4
+
+
+def test_idle_while_queued() -> None:
+    samples = [(0.0, 0), (1.0, 0), (2.0, 1), (3.0, 0)]
+    # a job waits from 0.5 to 2.5: idle samples inside it: t=1 only
+    assert metrics.idle_while_queued(samples, [(0.5, 2.5)]) == 0.25
+    assert metrics.idle_while_queued(samples, []) == 0.0
+    assert math.isnan(metrics.idle_while_queued([], [(0, 1)]))
