@@ -49,17 +49,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from slurm_colloc.gpu.sim.mps_commands import ControlCommands
 from slurm_colloc.gpu.sim.mps_protocol import (
     END,
     FATAL,
-    FAULT,
     MAX_LINE,
     NOT_READY,
     PID_FILE,
@@ -74,23 +72,14 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     pipe_dir_from_env,
     ui_command,
 )
-from slurm_colloc.units import SizeError, limit_for, parse_size_mib
+from slurm_colloc.gpu.sim.mps_state import Client, ControlLog, Server
+from slurm_colloc.units import limit_for
 
 _SERVER_CODE = (
     "import signal, sys\n"
     "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
     "while True: signal.pause()\n"
 )
-
-
-def log_line(kind: str, pid: int, msg: str) -> str:
-    """One log line in the real daemon's format, stamped now.
-
-    ``[2013-08-05 12:50:23.347 Control 13894] Starting new server 13929 for user 500``
-    """
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-    return f"[{stamp}.{int(now * 1000) % 1000:03d} {kind} {pid}] {msg}\n"
 
 
 def spawn_server(
@@ -116,70 +105,6 @@ def spawn_server(
             if log is not None:
                 log(f"Cannot run server as user {uid} ({e}); running it as uid 0")
     return subprocess.Popen(argv, **kw)
-
-
-class ControlLog:
-    """``control.log`` / ``server.log``, lines as :func:`log_line` writes them."""
-
-    def __init__(self, log_dir: Path) -> None:
-        """Open (append) both logs in ``log_dir``."""
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.control = open(log_dir / "control.log", "a", buffering=1)  # noqa: SIM115
-        self.server = open(log_dir / "server.log", "a", buffering=1)  # noqa: SIM115
-
-    def ctl(self, msg: str) -> None:
-        """A control daemon event."""
-        self.control.write(log_line("Control", os.getpid(), msg))
-
-    def srv(self, server_pid: int, msg: str) -> None:
-        """An event of one server (new client, client gone)."""
-        self.server.write(log_line("Server", server_pid, msg))
-
-    def close(self) -> None:
-        """Flush and close both files."""
-        self.control.close()
-        self.server.close()
-
-
-@dataclass
-class Client:
-    """A CUDA client connection (a simjob)."""
-
-    conn: socket.socket
-    pid: int
-    uid: int
-    device: int
-    buf: bytes = b""  # a partial line the client sent after READY
-
-    def take_faults(self, data: bytes) -> int:
-        """Buffer ``data``: how many ``FAULT`` lines it completes (no other line means anything)."""
-        self.buf += data
-        faults = 0
-        while b"\n" in self.buf:
-            raw, self.buf = self.buf.split(b"\n", 1)
-            if raw.decode("utf-8", "replace").split() == [FAULT]:
-                faults += 1
-        if len(self.buf) > MAX_LINE:
-            self.buf = b""
-        return faults
-
-
-@dataclass
-class Server:
-    """One MPS server (one UID)."""
-
-    uid: int
-    proc: subprocess.Popen[bytes]
-    active_thread_pct: float
-    limits: dict[int | None, int]
-    clients: list[Client] = field(default_factory=list)
-    terminating: bool = False
-    faulted: bool = False  # a client hit a fatal GPU exception; recovering until empty
-
-    @property
-    def pid(self) -> int:
-        """The server process's PID (what ``get_server_list`` prints)."""
-        return self.proc.pid
 
 
 def refuse_if_running(pipe_dir: Path, shown: Path) -> None:
@@ -279,7 +204,7 @@ class SelectLoop(ABC):
         """Stop servers, close every connection, remove what the daemon made."""
 
 
-class Daemon(SelectLoop):
+class Daemon(SelectLoop, ControlCommands):
     """The control daemon's state machine; one instance per pipe directory (= per GPU)."""
 
     def __init__(self, pipe_dir: Path, log: ControlLog) -> None:
@@ -453,122 +378,6 @@ class Daemon(SelectLoop):
             f"Client {client.pid} encountered a fatal GPU exception; reported to "
             f"{len(others)} other client(s); new clients refused until all have exited",
         )
-
-    # --- UI commands --------------------------------------------------------------
-    def command(self, line: str, uid: int) -> str:
-        """Run one UI command; returns its output (may be empty)."""
-        words = line.split()
-        if not words:
-            return ""
-        cmd, args = words[0], words[1:]
-        self.log.ctl(f"Cmd:{line.strip()}")
-        privileged = uid in (0, self.owner)
-        handler = self._handlers().get(cmd)
-        if handler is None:
-            return f"Unrecognized command: {cmd}"
-        if not cmd.startswith("get_") and not privileged:
-            return f"{cmd}: permission denied (uid {uid} does not own this daemon)"
-        try:
-            return handler(args)
-        except (ValueError, IndexError, SizeError) as e:
-            return f"{cmd}: invalid arguments {' '.join(args)!r}: {e}"
-
-    def _handlers(self) -> dict[str, Callable[[list[str]], str]]:
-        return {
-            "get_server_list": lambda a: "\n".join(str(s.pid) for s in self.servers),
-            "get_client_list": self._get_client_list,
-            "get_server_status": self._get_server_status,
-            "start_server": self._start_server_cmd,
-            "shutdown_server": self._shutdown_server_cmd,
-            "set_default_device_pinned_mem_limit": self._set_limit,
-            "get_default_device_pinned_mem_limit": self._get_limit,
-            "set_device_pinned_mem_limit": self._set_server_limit,
-            "get_device_pinned_mem_limit": self._get_server_limit,
-            "set_default_active_thread_percentage": self._set_pct,
-            "get_default_active_thread_percentage": lambda a: f"{self.default_pct:.1f}",
-            "quit": self._quit,
-        }
-
-    def _server_by_pid(self, text: str) -> Server:
-        pid = int(text)
-        for s in self.servers:
-            if s.pid == pid:
-                return s
-        raise ValueError(f"no server with PID {pid}")
-
-    def _get_client_list(self, args: list[str]) -> str:
-        return "\n".join(str(c.pid) for c in self._server_by_pid(args[0]).clients)
-
-    def _get_server_status(self, args: list[str]) -> str:
-        return "TERMINATING" if self._server_by_pid(args[0]).terminating else "ACTIVE"
-
-    def _start_server_cmd(self, args: list[str]) -> str:
-        if len(args) != 2 or args[0] != "-uid":
-            raise ValueError("usage: start_server -uid UID")
-        uid = int(args[1])
-        active = self._active()
-        if active is not None and active.uid == uid:
-            return ""
-        if active is not None:
-            return (
-                f"A server for user {active.uid} is running (PID {active.pid}); one server per UID"
-            )
-        self._start_server(uid)
-        return ""
-
-    def _shutdown_server_cmd(self, args: list[str]) -> str:
-        server = self._server_by_pid(args[0])
-        if "-f" in args[1:]:
-            self._stop_server(server, force=True)
-        else:
-            server.terminating = True
-        self._schedule()
-        return ""
-
-    def _set_limit(self, args: list[str]) -> str:
-        if len(args) != 2:
-            raise ValueError("usage: set_default_device_pinned_mem_limit DEV VALUE (e.g. 0 8G)")
-        dev = int(args[0])
-        if dev < 0:
-            raise ValueError("device index must not be negative")
-        self.default_limits[dev] = parse_size_mib(args[1])
-        return ""
-
-    def _set_server_limit(self, args: list[str]) -> str:
-        """``set_device_pinned_mem_limit PID DEV VALUE``: a running server's limit.
-
-        Applies to clients that connect to that server afterwards (connected clients
-        keep the limit they were granted), as the server-side default does.
-        """
-        if len(args) != 3:
-            raise ValueError("usage: set_device_pinned_mem_limit PID DEV VALUE (e.g. 4242 0 8G)")
-        server = self._server_by_pid(args[0])
-        dev = int(args[1])
-        if dev < 0:
-            raise ValueError("device index must not be negative")
-        server.limits[dev] = parse_size_mib(args[2])
-        return ""
-
-    def _get_server_limit(self, args: list[str]) -> str:
-        if len(args) != 2:
-            raise ValueError("usage: get_device_pinned_mem_limit PID DEV")
-        limit = limit_for(self._server_by_pid(args[0]).limits, int(args[1]))
-        return "0" if limit is None else f"{limit}M"
-
-    def _get_limit(self, args: list[str]) -> str:
-        limit = limit_for(self.default_limits, int(args[0]))
-        return "0" if limit is None else f"{limit}M"
-
-    def _set_pct(self, args: list[str]) -> str:
-        pct = float(args[0])
-        if not 0 < pct <= 100:
-            raise ValueError("percentage must be in (0, 100]")
-        self.default_pct = pct
-        return ""
-
-    def _quit(self, args: list[str]) -> str:
-        self.running = False
-        return ""
 
     # --- event loop ---------------------------------------------------------------
     def _listens(self, sock: socket.socket) -> bool:

@@ -93,7 +93,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from slurm_colloc.gpu.sim import mps_control as legacy
-from slurm_colloc.gpu.sim.mps_control import Client, log_line, spawn_server
+from slurm_colloc.gpu.sim.mps_control import spawn_server
 from slurm_colloc.gpu.sim.mps_protocol import (
     FATAL,
     MAX_LINE,
@@ -109,6 +109,7 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     peer_credentials,
     ui_command,
 )
+from slurm_colloc.gpu.sim.mps_state import Client, log_line
 from slurm_colloc.units import SizeError, parse_size_mib
 
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
