@@ -438,7 +438,7 @@ def calibrate(cases: list[Case]) -> None:
         "command": "benchmarks/estimator_accuracy.py --calibrate",
     }
     if attention_fit.CSV_PATH.exists():
-        doc["attention"] = attention_fit.fit(attention_fit.load())
+        doc["attention"] = attention_fit.fit(attention_fit.load(), k_params=cal.k_params)
     CALIBRATION_FILE.parent.mkdir(parents=True, exist_ok=True)
     CALIBRATION_FILE.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(f"wrote {CALIBRATION_FILE.relative_to(REPO)}: "
@@ -454,6 +454,7 @@ def transformer_table() -> str:
     tensors only (no CUDA context, no allocator overhead: k_alloc = 1)."""
     runs = attention_fit.load()
     fams = sorted({r.family for r in runs})
+    k_p = load_calibration().k_params
     lines = [f"{'family':<10} {'impl':<6} {'n':>4} {'not-under':>9} {'med-err':>8} "
              f"{'med-over':>8} {'worst-under':>11}  (tensors; constants and margin fitted "
              "without the family)"]
@@ -461,15 +462,15 @@ def transformer_table() -> str:
     for fam in fams:
         train = [r for r in runs if r.family != fam]
         c = attention_fit.fit_coefficients(train)
-        rel = attention_fit.margin(attention_fit.held_out_by_family(train))
+        rel = attention_fit.margin(attention_fit.held_out_by_family(train), k_params=k_p)
         for impl in ("eager", "sdpa"):
             test = [r for r in runs if r.family == fam and r.impl == impl]
             if not test:
                 continue
             pairs = []
             for r in test:
-                p, a = attention_fit.split_parts(c, r.x)
-                pairs.append((p + a * (1 + rel), r.traced_mib))
+                _, a = attention_fit.split_parts(c, r.x_est)
+                pairs.append((k_p * r.x_est[0] + a * (1 + rel), r.traced_mib))
             allp += pairs
             m = metrics([e for e, _ in pairs], [t for _, t in pairs])
             lines.append(f"{fam:<10} {impl:<6} {m['n']:>4} {m['ok']:>9.1%} {m['med']:>+8.1%} "
@@ -479,8 +480,9 @@ def transformer_table() -> str:
                  f"{m['med_over']:>+8.1%} {m['worst']:>+11.1%}")
     cal = load_calibration().attention
     lines.append("shipped constants (all families): " + ", ".join(
-        f"{k} {cal[k]:.3g}" for k in ("score_bytes", "rel_factor", "token_bytes", "k_leaf",
-                                       "k_largest", "k_alloc", "margin_rel")))
+        f"{k} {cal[k]:.3g}" for k in ("score_bytes", "nodrop_bytes", "rel_factor",
+                                       "token_bytes", "k_leaf", "k_head", "k_alloc",
+                                       "margin_rel")))
     return "\n".join(lines)
 
 
@@ -545,10 +547,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="refit calibration.json first")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--calibrate-attention", action="store_true",
+                    help="refit only the transformer constants (attention section) from "
+                         "estimators/data/attention_measurements.csv, then --transformers-only")
     ap.add_argument("--transformers-only", action="store_true",
                     help="only the transformer section and recognition coverage (no "
                          "measured data needed)")
     args = ap.parse_args()
+    if args.calibrate_attention:
+        doc = json.loads(CALIBRATION_FILE.read_text())
+        doc["attention"] = attention_fit.fit(attention_fit.load(),
+                                             k_params=load_calibration().k_params)
+        CALIBRATION_FILE.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        print(f"wrote the attention section of {CALIBRATION_FILE.relative_to(REPO)}: "
+              + ", ".join(f"{k} {v:.4g}" for k, v in doc["attention"].items()))
+        args.transformers_only = True
     if args.transformers_only:
         print("transformers, held out by model family:")
         print(transformer_table())

@@ -17,8 +17,8 @@ Per attention layer with ``H`` heads, ``Sq`` queries and ``Sk`` keys, batch ``B`
   the per-head query / key / value copies are tensors no module row shows:
   ``token_bytes`` per token and model-width channel, fitted.
 * **Cross attention** (encoder-decoder: T5, Whisper, BART): queries from the decoder,
-  keys from the encoder; with one ``--seq-len`` both are that length (the safe side
-  for a decoder shorter than its encoder).
+  keys from the encoder; with one ``--seq-len`` both are that length, except that
+  Whisper's encoder always sees its 1500 frames (its position table's size).
 * **Relative position** (XLNet's two-stream relative attention, T5's bias): XLNet
   builds a second ``heads x Sq x 2 Sk`` position score and shifts it (``rel_factor``
   extra score-sized tensors, fitted on the XLNet runs); T5 adds a bias tensor.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from estimators.model import ModelSummary
 from estimators.physics import MIB
 from estimators.recognition import Recognition
 
@@ -40,7 +41,8 @@ HEAD_DIM = 64
 WINDOW_TOKENS = 49
 """Swin's default 7 x 7 window (print(model) does not show the window size)."""
 
-PRIOR = {"score_bytes": 9.0, "rel_factor": 1.0, "token_bytes": 4.0, "lse_bytes": 4.0}
+PRIOR = {"score_bytes": 9.0, "nodrop_bytes": 4.0, "rel_factor": 1.0, "token_bytes": 4.0,
+         "lse_bytes": 4.0}
 """Uncalibrated physics (fp32): softmax output 4 B + dropout output 4 B + mask 1 B per
 score element; one extra score tensor for relative attention; the context tensor
 (4 B per channel); the fp32 log-sum-exp of the fused kernels."""
@@ -55,7 +57,10 @@ class AttentionMemory:
     """``option`` (asked for), ``summary`` (the summary shows it) or ``default``
     (eager: the safe assumption when nothing says otherwise)."""
     score_elems: float
-    """Sum over attention layers of ``B x H x Sq x Sk`` (eager only; 0 for fused)."""
+    """Sum over attention layers of ``B x H x Sq x Sk`` (eager only; 0 for fused) whose
+    probabilities go through dropout."""
+    nodrop_elems: float
+    """The same for layers without attention dropout (``p=0``: ViT, LLaMA)."""
     rel_elems: float
     """The part of :attr:`score_elems` in relative-position layers."""
     token_elems: float
@@ -68,13 +73,18 @@ class AttentionMemory:
         half-precision tensors, fp32 softmax statistics kept as a whole)."""
         c = {**PRIOR, **coef}
         b = (c["score_bytes"] * (self.score_elems + c["rel_factor"] * self.rel_elems)
+             + c["nodrop_bytes"] * self.nodrop_elems
              + c["token_bytes"] * self.token_elems) * bytes_scale
         return (b + c["lse_bytes"] * self.lse_elems) / MIB
 
 
 def resolve_impl(rec: Recognition, requested: str | None) -> tuple[str, str]:
-    """(implementation, source): the option wins, then what the summary shows, then
-    eager."""
+    """(implementation, source): T5 always builds its scores (its relative position
+    bias is added to them: the measurements show eager-size tensors whatever
+    ``attn_implementation`` says); otherwise the option wins, then what the summary
+    shows, then eager."""
+    if rec.family == "t5":
+        return "eager", "family"
     if requested:
         return requested, "option"
     if rec.impl_shown:
@@ -82,23 +92,55 @@ def resolve_impl(rec: Recognition, requested: str | None) -> tuple[str, str]:
     return "eager", "default"
 
 
-def attention_memory(rec: Recognition, batch: int, seq: int, impl: str,
-                     source: str) -> AttentionMemory:
-    """Element counts of the attention tensors (see the module docstring)."""
-    score = rel = tok = lse = 0.0
+def attention_memory(rec: Recognition, batch: int, seq: int, impl: str, source: str,
+                     *, enc_seq: int | None = None,
+                     dropout: bool | None = None) -> AttentionMemory:
+    """Element counts of the attention tensors (see the module docstring). ``seq`` is
+    the tokens of the model (the decoder's in an encoder-decoder model); ``enc_seq``
+    the encoder's when it differs (Whisper's 1500 frames). ``dropout`` overrides what
+    the summary shows about attention dropout (the calibration knows its runs')."""
+    score = nodrop = rel = tok = lse = 0.0
+    enc = enc_seq or seq
     for core in rec.cores:
         width = core.width or HEAD_DIM
         heads = max(1, width // HEAD_DIM)
-        sq = sk = seq
+        sq = seq if core.decoder else enc
+        sk = enc if core.cross or not core.decoder else seq
         if core.windowed:
             sk = min(seq, WINDOW_TOKENS)
         tok += batch * sq * width
         if impl == "eager":
             n = float(batch) * heads * sq * sk
-            score += n
+            if core.dropout if dropout is None else dropout:
+                score += n
+            else:
+                nodrop += n
             if core.relative:
                 rel += n
         else:
             lse += batch * heads * sq
-    return AttentionMemory(impl=impl, source=source, score_elems=score, rel_elems=rel,
-                           token_elems=tok, lse_elems=lse)
+    return AttentionMemory(impl=impl, source=source, score_elems=score, nodrop_elems=nodrop,
+                           rel_elems=rel, token_elems=tok, lse_elems=lse)
+
+
+def encoder_tokens(summary: ModelSummary, rec: Recognition, seq: int) -> int | None:
+    """Tokens of the encoder when they do not follow ``--seq-len``: Whisper pads every
+    input to 30 s, 1500 frames (the encoder's position table); None otherwise."""
+    if rec.family != "whisper":
+        return None
+    bound = summary.meta.get("max_positions")
+    return max(seq, int(bound)) if bound else max(seq, WHISPER_FRAMES)
+
+
+WHISPER_FRAMES = 1500
+
+
+def head_mib(summary: ModelSummary, batch: int, seq: int, precision: str) -> float:
+    """MiB of the model's last output (a language model's logits: ``batch x seq x
+    vocab``), which the loss copies (log-softmax, its gradient, the logits' gradient)
+    at the start of the backward pass."""
+    leaves = summary.leaves
+    if not leaves:
+        return 0.0
+    bpe = 4.0 if precision == "fp32" else 2.5
+    return leaves[-1].out_elems(seq) * batch * bpe / MIB

@@ -7,8 +7,11 @@ needs numpy). Each measured run is one training step's traced peak (MiB) of a mo
 whose ``print(model)`` is in ``attention_summaries.jsonl``; the design has one column
 per physical term the estimator computes from that summary:
 
-    traced = k_p x parameter bytes + k_leaf x shown outputs + k_largest x largest output
-           + score_bytes x eager score elements + rel_bytes x relative score elements
+    traced = k_p x parameter bytes + k_leaf x shown outputs (but the last)
+           + k_head x the last output (logits, which the loss copies)
+           + score_bytes x eager score elements (attention dropout)
+           + nodrop_bytes x eager score elements (no attention dropout)
+           + rel_bytes x relative score elements
            + token_bytes x attention context elements + lse_bytes x fused log-sum-exp
 
 Relative-error least squares with non-negative coefficients, pulled weakly towards
@@ -29,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from estimators.attention import PRIOR as PHYSICS
-from estimators.attention import attention_memory
+from estimators.attention import attention_memory, encoder_tokens, head_mib, resolve_impl
 from estimators.calibration import _nnls_ridge
 from estimators.features import compute
 from estimators.model import ModelSummary
@@ -40,10 +43,13 @@ from estimators.recognition import recognise
 DATA = Path(__file__).resolve().parent / "data"
 CSV_PATH = DATA / "attention_measurements.csv"
 SUMMARIES_PATH = DATA / "attention_summaries.jsonl"
-COLUMNS = ("params", "leaf", "largest", "score", "rel", "token", "lse")
-PRIOR = np.array([1.0, 1.0, 2.0, PHYSICS["score_bytes"],
+COLUMNS = ("params", "leaf", "head", "score", "nodrop", "rel", "token", "lse")
+PRIOR = np.array([1.0, 1.0, 3.0, PHYSICS["score_bytes"], PHYSICS["nodrop_bytes"],
                   PHYSICS["score_bytes"] * PHYSICS["rel_factor"], PHYSICS["token_bytes"],
                   PHYSICS["lse_bytes"]])
+FIXED = (6, 7)
+"""Columns held at their physical value (the context tensor and the fused kernels'
+log-sum-exp are exact; the data cannot separate them from the shown outputs)."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +63,37 @@ class TracedRun:
     layers: int
     traced_mib: float
     x: tuple[float, ...]
-    """Design row (MiB per unit coefficient, :data:`COLUMNS`)."""
+    """Design row (MiB per unit coefficient, :data:`COLUMNS`) with the run's real
+    attention dropout: what the fit sees."""
+    x_est: tuple[float, ...]
+    """The same as the estimator computes it from the summary alone (attention dropout
+    assumed where the summary does not show it): what the held-out checks predict."""
 
 
-def design(summary: ModelSummary, batch: int, seq: int, impl: str) -> tuple[float, ...]:
-    """The design row of one run (see the module docstring)."""
-    f = compute(summary, batch, seq, "adam", "fp32")
+ATTENTION_DROPOUT = {"bert": True, "roberta": True, "gpt2": True, "t5": True, "xlnet": True,
+                     "vit": False, "deit": False, "whisper": False, "llama": False,
+                     "gpt_neo": False, "gptj": False}
+"""Whether the measured models' attention probabilities go through dropout (the
+Hugging Face configuration defaults ``make_attention_data.py`` builds them with).
+print(model) shows it for some (``attn_dropout``: ``Dropout(p=0.0)``), not for others
+(ViT, Whisper use functional dropout): the estimator then assumes dropout, the fit
+uses what the runs had."""
+
+
+def design(summary: ModelSummary, batch: int, seq: int, impl: str,
+           dropout: bool | None = None) -> tuple[float, ...]:
+    """The design row of one run (see the module docstring), computed exactly as the
+    estimator computes it for ``--seq-len seq``."""
     rec = recognise(summary)
-    am = attention_memory(rec, batch, seq, impl, "option")
-    return (sum(f.params.values()), sum(f.act.values()), f.largest, am.score_elems / MIB,
-            am.rel_elems / MIB, am.token_elems / MIB, am.lse_elems / MIB)
+    impl = resolve_impl(rec, impl)[0]
+    enc = encoder_tokens(summary, rec, seq)
+    f = compute(summary, batch, max(seq, enc or 0), "adam", "fp32", decoder_seq=seq,
+                decoder_start=rec.decoder_start)
+    am = attention_memory(rec, batch, seq, impl, "option", enc_seq=enc, dropout=dropout)
+    head = head_mib(summary, batch, seq, "fp32")
+    return (sum(f.params.values()), sum(f.act.values()) - head, head, am.score_elems / MIB,
+            am.nodrop_elems / MIB, am.rel_elems / MIB, am.token_elems / MIB,
+            am.lse_elems / MIB)
 
 
 def load(csv_path: Path = CSV_PATH, summaries_path: Path = SUMMARIES_PATH) -> list[TracedRun]:
@@ -82,26 +109,36 @@ def load(csv_path: Path = CSV_PATH, summaries_path: Path = SUMMARIES_PATH) -> li
             key = (r["family"], r["impl"], int(r["layers"]))
             if key not in summaries:
                 continue
-            b, s = int(r["batch"]), int(r["seq"])
+            b = int(r["batch"])
+            # the length the job names: the decoder's in an encoder-decoder model
+            s = int(r["dec_seq"]) if int(r["dec_seq"] or 0) else int(r["seq"])
             runs.append(TracedRun(r["family"], r["impl"], b, s, int(r["layers"]),
                                   float(r["traced_peak_mib"]),
+                                  design(summaries[key], b, s, r["impl"],
+                                         ATTENTION_DROPOUT.get(r["family"])),
                                   design(summaries[key], b, s, r["impl"])))
     return runs
 
 
 def fit_coefficients(runs: Sequence[TracedRun], ridge: float = 1e-3,
                      irls_iters: int = 8) -> np.ndarray:
-    """Coefficients of :data:`COLUMNS` (relative least squares, IRLS towards L1)."""
+    """Coefficients of :data:`COLUMNS` (relative least squares, IRLS towards L1; the
+    :data:`FIXED` columns stay at their physical values)."""
     x = np.array([r.x for r in runs])
-    y = np.array([r.traced_mib for r in runs])
-    w = 1.0 / y
+    y_all = np.array([r.traced_mib for r in runs])
+    y = y_all - sum(PRIOR[j] * x[:, j] for j in FIXED)
+    x = x.copy()
+    x[:, list(FIXED)] = 0.0
+    w = 1.0 / y_all
     # scale columns so that the ridge pull is comparable across units
     lam = np.full(len(COLUMNS), ridge) * (np.square(x * w[:, None]).sum(axis=0) + 1e-12)
     c = _nnls_ridge(x * w[:, None], y * w, PRIOR, lam)
     for _ in range(irls_iters):
-        res = np.abs(y - x @ c) / y
+        res = np.abs(y - x @ c) / y_all
         wr = w / np.sqrt(np.maximum(res, 0.02))
         c = _nnls_ridge(x * wr[:, None], y * wr, PRIOR, lam, init=c)
+    for j in FIXED:
+        c[j] = PRIOR[j]
     return c
 
 
@@ -112,21 +149,24 @@ def split_parts(c: np.ndarray, x: Sequence[float]) -> tuple[float, float]:
 
 
 def held_out_by_family(runs: Sequence[TracedRun]) -> list[tuple[TracedRun, float, float]]:
-    """Every run predicted by a fit on the other families: (run, parameter part,
-    activation part)."""
+    """Every run predicted by a fit on the other families, from what its summary shows
+    (as the estimator sees it): (run, parameter part, activation part)."""
     out = []
     for fam in sorted({r.family for r in runs}):
         train = [r for r in runs if r.family != fam]
         c = fit_coefficients(train)
-        out += [(r, *split_parts(c, r.x)) for r in runs if r.family == fam]
+        out += [(r, *split_parts(c, r.x_est)) for r in runs if r.family == fam]
     return out
 
 
-def margin(held: Sequence[tuple[TracedRun, float, float]], coverage: float = 0.96
-           ) -> float:
+def margin(held: Sequence[tuple[TracedRun, float, float]], coverage: float = 0.96,
+           k_params: float | None = None) -> float:
     """Relative margin on the activation part that keeps ``coverage`` of the held-out
-    runs from being underestimated."""
-    need = [(r.traced_mib - p) / a - 1.0 for r, p, a in held if a > 0]
+    runs from being underestimated. With ``k_params`` the parameter part is the
+    estimator's (the measured-peak calibration's coefficient on the parameter bytes),
+    not the traced fit's."""
+    need = [(r.traced_mib - (p if k_params is None else k_params * r.x[0])) / a - 1.0
+            for r, p, a in held if a > 0]
     return max(0.0, float(np.quantile(need, coverage)))
 
 
@@ -136,21 +176,24 @@ the caching allocator's rounding and fragmentation; no cuDNN workspaces). Modell
 not measured here (no GPU): the margin covers the spread around it."""
 
 
-def fit(runs: Sequence[TracedRun], coverage: float = 0.96) -> dict[str, float]:
-    """The ``attention`` section of calibration.json."""
+def fit(runs: Sequence[TracedRun], coverage: float = 0.96,
+        k_params: float | None = None) -> dict[str, float]:
+    """The ``attention`` section of calibration.json (``k_params``: the estimator's
+    coefficient on the parameter bytes, from the measured-peak calibration)."""
     c = fit_coefficients(runs)
     held = held_out_by_family(runs)
-    rel = margin(held, coverage)
+    rel = margin(held, coverage, k_params)
     ratios = sorted((p + a) / r.traced_mib for r, p, a in held)
     score = float(c[3])
     return {
         "k_params_traced": round(float(c[0]), 4),
         "k_leaf": round(float(c[1]), 4),
-        "k_largest": round(float(c[2]), 4),
+        "k_head": round(float(c[2]), 4),
         "score_bytes": round(score, 4),
-        "rel_factor": round(float(c[4]) / score, 4) if score > 0 else 1.0,
-        "token_bytes": round(float(c[5]), 4),
-        "lse_bytes": round(float(c[6]), 4),
+        "nodrop_bytes": round(float(c[4]), 4),
+        "rel_factor": round(float(c[5]) / score, 4) if score > 0 else 1.0,
+        "token_bytes": round(float(c[6]), 4),
+        "lse_bytes": round(float(c[7]), 4),
         "k_alloc": ALLOCATOR_OVERHEAD,
         "margin_rel": round(rel, 4),
         "margin_abs_mib": 64.0,

@@ -60,7 +60,7 @@ class Features:
     standardisation are functions the summary hides."""
 
 
-MARGIN_BUCKETS = ("mlp", "cnn", "cnn_large", "normfree", "attn_explicit", "attn_hidden")
+MARGIN_BUCKETS = ("mlp", "cnn", "normfree", "attn_explicit", "attn_hidden")
 """Architecture buckets the safety margin is calibrated per (see :func:`margin_bucket`)."""
 HIDDEN_KINDS = ("hidden_map", "hidden_tok")
 """Margin keys of blocks shown without their children (feature-map and token blocks):
@@ -88,8 +88,6 @@ def margin_bucket(f: Features) -> str:
       elementwise ops are functions, not modules, so the summary hides kept tensors;
     * ``cnn``: convolutional nets with BatchNorm / LayerNorm / GroupNorm modules, or
       plain ones without any normalisation (VGG, AlexNet: nothing hidden);
-      ``cnn_large`` the same with at least :data:`CNN_LARGE_MIB` of activations and
-      workspace (ImageNet-size CNNs at batch 32+), whose relative spread is narrower;
     * ``mlp``: everything else (linear layers, activations, norms, dropout).
 
     Blocks shown without their children do not decide the bucket: their activations
@@ -102,8 +100,6 @@ def margin_bucket(f: Features) -> str:
         if (a["norm_composite"] > 0 or f.std_conv
                 or (a["norm"] == 0 and f.conv_layers <= STEM_CONVS)):
             return "normfree"
-        if sum(a.values()) + f.largest >= CNN_LARGE_MIB:
-            return "cnn_large"
         return "cnn"
     return "mlp"
 
@@ -111,8 +107,6 @@ def margin_bucket(f: Features) -> str:
 STEM_CONVS = 2
 """A network with at most this many convolutions and no normalisation module is not a
 plain CNN (ResMLP: a patch stem, then affine ops the summary hides)."""
-CNN_LARGE_MIB = 4096.0
-"""Activations + workspace (MiB, unweighted) from which a CNN job is ``cnn_large``."""
 _STD_CONV = re.compile(r"(std|scaled|ws)\w*conv|conv\w*(std|ws)\d?d?$", re.IGNORECASE)
 
 
@@ -130,8 +124,12 @@ def seq_scale(summary: ModelSummary, seq_len: int | None) -> tuple[float, int | 
 
 
 def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimizer: str,
-            precision: str) -> Features:
-    """Compute the features of one job."""
+            precision: str, *, decoder_seq: int | None = None,
+            decoder_start: int | None = None) -> Features:
+    """Compute the features of one job. For an encoder-decoder model whose decoder
+    sees another length than its encoder (Whisper), ``seq_len`` is the encoder's and
+    the layers from index ``decoder_start`` on (the decoder and its head) use
+    ``decoder_seq``."""
     scale, eff_seq, assumed = seq_scale(summary, seq_len)
     bpe = activation_bytes_per_elem(precision)
     per_elem = batch_size * bpe * scale
@@ -147,7 +145,9 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     # only torchinfo cuts blocks off, and only at the table's deepest level
     table_depth = max((la.depth for la in summary.layers), default=0)
     cut_depth = table_depth if summary.format == "torchinfo" else -1
-    for layer in summary.layers:
+    for index, layer in enumerate(summary.layers):
+        if decoder_start is not None and index == decoder_start and decoder_seq:
+            eff_seq = decoder_seq
         attention_rows += category(layer.type) == "attention"
         del parents[layer.depth:]
         parent = parents[-1] if parents else ""

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from estimators.attention import PRIOR as ATTENTION_PHYSICS
-from estimators.attention import AttentionMemory, attention_memory, resolve_impl
+from estimators.attention import (
+    AttentionMemory,
+    attention_memory,
+    encoder_tokens,
+    head_mib,
+    resolve_impl,
+)
 from estimators.base import Estimate, Job
 from estimators.errors import EstimatorInputError
 from estimators.features import (
@@ -35,19 +41,17 @@ from estimators.features import (
 from estimators.layers import CATEGORIES
 from estimators.model import ModelSummary
 from estimators.physics import activation_bytes_per_elem
-from estimators.recognition import HF_FAMILIES, Recognition, recognise
+from estimators.recognition import Recognition, recognise
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
 
 
-FALLBACK_BUCKET = {"cnn_large": "cnn"}
-"""A split-off bucket the calibration had too few runs for keeps its parent's margin."""
-
 TRACING_PRIOR = {"context_mib": 1500.0, "k": 1.2, "margin_rel": 0.5}
-ATTENTION_PRIOR = {**ATTENTION_PHYSICS, "k_leaf": 1.0, "k_largest": 2.0, "k_alloc": 1.05,
+ATTENTION_PRIOR = {**ATTENTION_PHYSICS, "k_leaf": 1.0, "k_head": 3.0, "k_alloc": 1.05,
                    "margin_rel": 0.25, "margin_abs_mib": 256.0}
 """Transformer constants when none were fitted: every shown output kept once, the
-largest (logits) twice, 5% allocator overhead, a 25% margin."""
+last (logits) three times (the loss's log-softmax and the gradients), 5% allocator
+overhead, a 25% margin."""
 """Tracing constants when none were fitted: a typical context, 20% allocator overhead,
 a wide margin."""
 
@@ -97,22 +101,16 @@ class Calibration:
         """The relative margin for an architecture bucket (``unknown``: the largest)."""
         if bucket == "unknown":
             return self.conservative_margin()[0]
-        if bucket not in self.margin_rel_by_bucket and bucket in FALLBACK_BUCKET:
-            bucket = FALLBACK_BUCKET[bucket]
         return self.margin_rel_by_bucket.get(bucket, self.margin_rel)
 
     def abs_margin(self, bucket: str) -> float:
         """The absolute margin (MiB) for an architecture bucket (``unknown``: the largest)."""
         if bucket == "unknown":
             return self.conservative_margin()[1]
-        if bucket not in self.margin_abs_by_bucket and bucket in FALLBACK_BUCKET:
-            bucket = FALLBACK_BUCKET[bucket]
         return self.margin_abs_by_bucket.get(bucket, self.margin_abs_mib)
 
     def ratio_interval(self, bucket: str) -> tuple[float, float]:
         """5th-95th percentile of measured / unmargined estimate for a bucket."""
-        if bucket not in self.interval_by_bucket and bucket in FALLBACK_BUCKET:
-            bucket = FALLBACK_BUCKET[bucket]
         return self.interval_by_bucket.get(bucket, self.interval)
 
     @classmethod
@@ -209,7 +207,7 @@ def transformer_path(summary: ModelSummary, rec: Recognition, job: Job) -> bool:
     bucket model fitted on their measured peaks."""
     if not rec.attention:
         return False
-    return (rec.family in HF_FAMILIES or summary.format in TRANSFORMER_FORMATS
+    return (rec.hf or summary.format in TRANSFORMER_FORMATS
             or job.attention is not None)
 
 
@@ -218,23 +216,27 @@ TRANSFORMER_FORMATS = ("pytorch-print", "keras", "flax", "json")
 none of them is in the timm calibration data (torchinfo tables)."""
 
 
-def transformer_breakdown(f: Features, am: AttentionMemory, cal: Calibration,
+def transformer_breakdown(f: Features, am: AttentionMemory, head: float, cal: Calibration,
                           precision: str) -> dict[str, float]:
     """Unmargined MiB per component for a recognised transformer: the shown layers'
     outputs, the attention tensors no row shows (first principles, bytes per element
-    fitted on exact tensor accounting) and the largest output's copies (logits, the
-    loss's log-softmax and their gradients), each times the allocator overhead."""
+    fitted on exact tensor accounting) and the last output's copies (a language
+    model's logits, the loss's log-softmax and their gradients: ``workspace``), each
+    times the allocator overhead."""
     a = cal.attention
     k = a["k_alloc"]
+    hmap, htok = hidden_parts(f, cal)
+    visible = sum(f.act.values()) - f.act["hidden_conv"] - f.act["hidden_tok"]
     return {
         "cuda_context": cal.context_mib,
         "weights": cal.k_params * f.params["weights"],
         "gradients": cal.k_params * f.params["gradients"],
         "optimizer_state": cal.k_params * (f.params["optimizer_state"]
                                            + f.params["optimizer_step"]),
-        "activations": k * a["k_leaf"] * sum(f.act.values()),
+        # blocks a shallow table shows whole keep their own calibrated coefficients
+        "activations": k * a["k_leaf"] * max(0.0, visible - head) + hmap + htok,
         "attention": k * am.mib(a, activation_bytes_per_elem(precision) / 4.0),
-        "workspace": k * a["k_largest"] * f.largest,
+        "workspace": k * a["k_head"] * head,
     }
 
 
@@ -317,16 +319,27 @@ class LayerAwareEstimator:
             impl, source = resolve_impl(rec, job.attention)
             seq = f.seq_len or next((c.tokens for c in rec.cores if c.tokens), None) \
                 or DEFAULT_SEQ_LEN
-            am = attention_memory(rec, job.batch_size, seq, impl, source)
-            parts = transformer_breakdown(f, am, cal, job.precision)
+            enc = encoder_tokens(summary, rec, seq)
+            if enc and enc > seq:  # Whisper: the encoder's layers see 1500 frames
+                f = compute(summary, job.batch_size, enc, job.optimizer, job.precision,
+                            decoder_seq=seq, decoder_start=rec.decoder_start)
+            am = attention_memory(rec, job.batch_size, seq, impl, source, enc_seq=enc)
+            head = head_mib(summary, job.batch_size, seq, job.precision)
+            parts = transformer_breakdown(f, am, head, cal, job.precision)
             bucket = "transformer"
             rel, abs_mib = cal.attention["margin_rel"], cal.attention["margin_abs_mib"]
             if not rec.recognised:
                 bucket = "unknown"
                 rel, abs_mib = cal.conservative_margin()
-            margin = margin_basis(parts) * rel + abs_mib
+            hmap, htok = hidden_parts(f, cal)
+            margin = (max(0.0, margin_basis(parts) - hmap - htok) * rel + abs_mib
+                      + hmap * cal.rel_margin("hidden_map") + htok * cal.rel_margin("hidden_tok"))
             attn_info = {"implementation": impl, "implementation_source": source,
                          "seq_len": seq, "layers": len(rec.cores)}
+            if source == "family":
+                notes.append("T5's attention adds its relative position bias to an explicit "
+                             "score matrix whatever attn_implementation says: eager-size "
+                             "tensors counted")
             if source == "default":
                 notes.append("attention implementation not shown: eager assumed (keeps "
                              "batch x heads x seq^2 tensors per layer); pass --attention "

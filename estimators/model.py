@@ -33,6 +33,8 @@ class Layer:
     depth: int = 0
     leaf: bool = True
     trainable: bool = True
+    dropout_p: float | None = field(default=None, compare=False)
+    """A dropout layer's probability when the format shows it (``Dropout(p=0.1)``)."""
     name: str = field(default="", compare=False)
     """The attribute name the format shows (``print(model)``'s ``(query)``), if any: a
     hint for architecture recognition, never part of the fingerprint."""

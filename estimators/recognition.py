@@ -47,7 +47,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from estimators.layers import category
+from estimators.layers import category, is_composite, is_primitive, leaf_category
 from estimators.model import Layer, ModelSummary
 
 FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -73,6 +73,11 @@ FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 )
 """Class-name prefixes of model families (first match wins: XLNet before BERT)."""
 
+_HF_CLASS = re.compile(r"[A-Za-z0-9](Model|For[A-Z]\w*|LMHeadModel|Embeddings|PreTrainedModel)$")
+"""Class names only Hugging Face's modelling code uses (``BertForMaskedLM``,
+``SwinEmbeddings``); timm's ``SwinTransformer`` or ``Beit`` have none."""
+ENC_DEC = frozenset({"t5", "whisper", "bart"})
+"""Encoder-decoder families (decoder self-attention and cross-attention layers)."""
 HF_FAMILIES = frozenset({"bert", "roberta", "xlnet", "gpt2", "gpt_neo", "gpt_neox", "gptj",
                          "t5", "llama", "whisper", "swin", "deit", "vit", "bart"})
 """Families whose eager attention keeps ``heads x seq^2`` tensors unless the job
@@ -90,6 +95,8 @@ _QKV_NAMES = (
     frozenset({"q", "k", "v"}), frozenset({"q_lin", "k_lin", "v_lin"}),
 )
 _FUSED_QKV = re.compile(r"^(c_attn|qkv|wqkv|query_key_value|in_proj|qkv_proj)$", re.IGNORECASE)
+_RESID_DROP = re.compile(r"(resid|hidden|output|proj)", re.IGNORECASE)
+"""Dropouts of an attention block that act on its output, not on its probabilities."""
 _CROSS = re.compile(r"(cross|encoder_attn|encdec|enc_dec)", re.IGNORECASE)
 _RELATIVE = re.compile(r"(relative|rel_?pos|relative_attention_bias)", re.IGNORECASE)
 _WINDOW = re.compile(r"(window|^swin)", re.IGNORECASE)
@@ -125,6 +132,11 @@ class AttentionCore:
     windowed: bool = False
     tokens: int | None = None
     """Tokens per sample its output shows (tables with shapes), if any."""
+    decoder: bool = False
+    """In the decoder of an encoder-decoder model (its queries are decoder tokens)."""
+    dropout: bool = True
+    """Whether its probabilities go through dropout (a mask and a copy kept): False
+    only when the summary shows ``p=0`` (ViT) or the family has none (LLaMA-style)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,13 @@ class Recognition:
     """``transformer``, ``hybrid``, ``cnn``, ``rnn``, ``mlp``, ``mixed`` or ``unknown``."""
     family: str | None
     cores: tuple[AttentionCore, ...] = ()
+    decoder_start: int | None = None
+    """Index in ``summary.layers`` of the first layer of the decoder of an
+    encoder-decoder model (its layers and head see decoder tokens), if any."""
+    hf: bool = False
+    """Hugging Face classes (``BertModel``, ``GPT2LMHeadModel``, ``SwinEmbeddings``):
+    their eager attention path is the default assumption. timm's ``SwinTransformer``
+    or ``Beit`` share a family prefix but not these class names."""
     impl_shown: str | None = None
     """``eager``, ``sdpa`` or ``flash`` when the summary shows which, else None."""
     evidence: tuple[str, ...] = field(default=())
@@ -153,6 +172,7 @@ class Recognition:
         """The part of the estimate's JSON that says what was recognised."""
         return {
             "kind": self.kind, "family": self.family, "recognised": self.recognised,
+            "hugging_face": self.hf,
             "attention_layers": sum(not c.cross for c in self.cores),
             "cross_attention_layers": sum(c.cross for c in self.cores),
             "relative_position": any(c.relative for c in self.cores),
@@ -252,15 +272,21 @@ def recognise(summary: ModelSummary) -> Recognition:
         ancestry = _ancestry(rows, parent, i)
         rel = bool(_RELATIVE.search(f"{r.name} {r.type}")) or family in ("xlnet", "t5") or any(
             _RELATIVE.search(x.name) for x in sub)
+        cross = bool(_CROSS.search(ancestry))
+        drops = [x.dropout_p for x in sub if category(x.type) == "dropout"
+                 and x.dropout_p is not None and not _RESID_DROP.search(x.name)]
+        dropout = (max(drops) > 0) if drops else family != "llama"
         cores.append(AttentionCore(
+            dropout=dropout,
             type=r.type, name=r.name, width=width, tokens=_tokens_of(r),
-            cross=bool(_CROSS.search(ancestry)), relative=rel,
+            decoder=cross or (family in ENC_DEC and _in_decoder(rows, parent, i)),
+            cross=cross, relative=rel,
             windowed=bool(_WINDOW.search(r.type)) or family == "swin"))
         if _IMPL_FLASH.search(r.type):
             impl = "flash"
         elif _IMPL_SDPA.search(r.type) and impl is None:
             impl = "sdpa"
-    if not cores and family in HF_FAMILIES:
+    if not cores and family in HF_FAMILIES and any(_HF_CLASS.search(r.type) for r in rows):
         cores = _hidden_layers(summary, rows, parent, family, model_width)
         if cores:
             evidence.append(f"{len(cores)} transformer layers shown without their children "
@@ -273,10 +299,12 @@ def recognise(summary: ModelSummary) -> Recognition:
             for r in summary.layers):
         impl = "eager"
         evidence.append("explicit token x token probability rows (eager attention)")
-    kind = _kind(summary, cores, family)
+    hf = family in HF_FAMILIES and any(_HF_CLASS.search(r.type) for r in rows)
+    kind = _kind(summary, cores, family if hf else None)
     evidence.append(f"kind {kind}")
-    return Recognition(kind=kind, family=family, cores=tuple(cores), impl_shown=impl,
-                       evidence=tuple(evidence))
+    return Recognition(kind=kind, family=family, cores=tuple(cores), hf=hf, impl_shown=impl,
+                       evidence=tuple(evidence),
+                       decoder_start=_decoder_start(rows) if family in ENC_DEC else None)
 
 
 def _parents(rows: tuple[Layer, ...]) -> list[int]:
@@ -367,14 +395,26 @@ def _hidden_layers(summary: ModelSummary, rows: tuple[Layer, ...], parent: list[
             n = round(r.params / (LAYER_MATRICES * width * width))
         else:
             continue
+        dec = family in ENC_DEC and _in_decoder(rows, parent, i)
         for _ in range(n):
             out.append(AttentionCore(type=r.type, name=r.name, width=width, tokens=_tokens_of(r),
-                                     relative=family in ("xlnet", "t5"),
+                                     relative=family in ("xlnet", "t5"), decoder=dec,
                                      windowed=family == "swin"))
-            if family in ("t5", "whisper", "bart") and _in_decoder(rows, parent, i):
+            if dec:
                 out.append(AttentionCore(type=r.type, name=r.name, width=width, cross=True,
-                                         relative=False))
+                                         relative=False, decoder=True))
     return out
+
+
+def _decoder_start(rows: tuple[Layer, ...]) -> int | None:
+    """Leaf index where the decoder begins: the first leaf under a row named or typed
+    ``decoder`` (print(model), torchinfo with names). None when no row says so."""
+    leaves = 0
+    for r in rows:
+        if not r.leaf and "decoder" in f"{r.name} {r.type}".lower():
+            return leaves
+        leaves += r.leaf
+    return None
 
 
 def _in_decoder(rows: tuple[Layer, ...], parent: list[int], i: int) -> bool:
@@ -396,8 +436,11 @@ def _kind(summary: ModelSummary, cores: list[AttentionCore], family: str | None)
     convs = [la for la in leaves if category(la.type) == "conv" and not is_hf_conv1d(la)]
     rnns = [la for la in leaves if _RNN.match(la.type)]
     total = max(1, sum(la.params for la in leaves))
+    # unknown types: neither a known layer nor a block / composite by its name (blocks a
+    # shallow table shows whole have their own margin)
     unknown = sum(la.params for la in leaves
-                  if category(la.type) in ("other", "block") and not is_hf_conv1d(la))
+                  if leaf_category(la.type, la.params) == "other"
+                  and not is_composite(la.type) and not is_primitive(la.type))
     conv_share = sum(la.params for la in convs) / total
     if cores:
         if rnns:

@@ -101,6 +101,7 @@ class _Node:
     type: str
     rep: int
     name: str = ""
+    dropout_p: float | None = None
     params: int | None = None
     width: int | None = None
     children: list[_Node] = field(default_factory=list)
@@ -303,7 +304,7 @@ def parse(text: str) -> ModelSummary:
             params, width = _leaf_info(m.group("type"), m.group("args"))
             node = _Node(type=m.group("type"), rep=_rep(m.group("rep"), i + 1, raw),
                          params=count if count is not None else params, width=width, leaf=True,
-                         name=m.group("name") or "")
+                         name=m.group("name") or "", dropout_p=_dropout_p(m.group("args")))
             stack[-1].children.append(node)
             continue
         pm = _PARAM_LINE.match(body)
@@ -344,6 +345,15 @@ def parse(text: str) -> ModelSummary:
     return ModelSummary(format="pytorch-print", layers=tuple(layers), total_params=total,
                         trainable_params=total, meta=meta,
                         containers=tuple(r for r in rows if not r.leaf))
+
+
+_DROPOUT_P = re.compile(r"^p=(\d{1,3}(?:\.\d{1,12})?)(?:,|$)")
+
+
+def _dropout_p(args: str) -> float | None:
+    """``p`` of ``Dropout(p=0.1, inplace=False)``, if the arguments start with it."""
+    m = _DROPOUT_P.match(args.strip())
+    return float(m.group(1)) if m else None
 
 
 def _rep(digits: str | None, line_no: int, raw: str) -> int:
@@ -411,7 +421,7 @@ def _flatten(root: _Node) -> list[Layer]:
             width = node.width if node.width is not None else prev_width
             prev_width = width
             layers.append(Layer(type=node.type, params=node.params or 0, width=width,
-                                depth=depth, name=node.name))
+                                depth=depth, name=node.name, dropout_p=node.dropout_p))
             continue
         layers.append(Layer(type=node.type, params=node.own, depth=depth, leaf=False,
                             name=node.name))
