@@ -49,6 +49,7 @@ from slurm_colloc.accounting.record import (
     Requeue,
 )
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.oom.patterns import CAUSES, AttemptCause
 
 VERSION = 1
 PREFIX = f"cl{VERSION}:"
@@ -240,6 +241,14 @@ def _num(d: dict[str, Any], key: str) -> float | None:
         raise RecordDecodeError(f"field {key!r}: number out of range") from e
 
 
+def _cause(text: str) -> AttemptCause:
+    """A cause this version knows (a newer writer's would come with a newer version)."""
+    for c in CAUSES:
+        if text == c:
+            return c
+    raise RecordDecodeError(f"unknown cause {text[:20]!r}")
+
+
 def _mib(d: dict[str, Any], key: str) -> int | None:
     """A MiB count (older writers may have stored a float)."""
     v = _num(d, key)
@@ -278,7 +287,7 @@ def _attempt_from_json(d: Any) -> Attempt:
         node=_get(d, "h", str),
         co_tenants=tuple(co),
         oom=OomInfo(
-            cause=_get(o, "c", str, "none"),
+            cause=_cause(_get(o, "c", str, "none")),
             pattern_id=_get(o, "p", str),
             evidence_path=_get(o, "ev", str),
             whole_gpu=_get(o, "w", bool, False),
@@ -511,7 +520,7 @@ def _strip_last(r: JobRecord) -> JobRecord | None:
             attempt=a.attempt,
             limit_mib=a.limit_mib,
             gpu=a.gpu,
-            oom=OomInfo(a.oom.cause[:16], (a.oom.pattern_id or "")[:32] or None)
+            oom=OomInfo(a.oom.cause, (a.oom.pattern_id or "")[:32] or None)
             if a.oom
             else None,
             requeue=Requeue(
@@ -522,7 +531,7 @@ def _strip_last(r: JobRecord) -> JobRecord | None:
             if a.requeue
             else None,
         ),
-        Attempt(attempt=a.attempt, oom=OomInfo(a.oom.cause[:16]) if a.oom else None),
+        Attempt(attempt=a.attempt, oom=OomInfo(a.oom.cause) if a.oom else None),
         Attempt(attempt=a.attempt),
     )
     for slim in levels:

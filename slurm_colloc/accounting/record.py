@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from slurm_colloc.oom.patterns import AttemptCause
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -35,8 +37,9 @@ class Estimate:
 class OomInfo:
     """Why the attempt died, as the epilog's log scan saw it."""
 
-    cause: str
-    """``gpu-oom``, ``mps-fault``, ``host-oom`` or ``none``."""
+    cause: AttemptCause
+    """``gpu-oom``, ``mps-fault``, ``cuda-fatal``, ``host-oom`` or ``none``
+    (:data:`slurm_colloc.oom.patterns.AttemptCause`: the scanner's type, end to end)."""
     pattern_id: str | None = None
     evidence_path: str | None = None
     """Where the epilog kept the failed attempt's log."""

@@ -20,13 +20,14 @@ from slurm_colloc.accounting.record import Attempt, Estimate, MetricsSummary, Oo
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
 from slurm_colloc.node.job import JobContext
+from slurm_colloc.oom.patterns import AttemptCause
 
 
 def build_attempt(
     ctx: JobContext,
     cfg: CollocConfig,
     *,
-    cause: str,
+    cause: AttemptCause,
     pattern: str | None,
     evidence_path: str | None,
     requeued: bool,

@@ -21,6 +21,7 @@ from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node import evidence, requeue_policy
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.node.prolog import daemon_for
+from slurm_colloc.oom.patterns import AttemptCause
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
 
 
@@ -31,7 +32,7 @@ class EpilogResult:
     job_id: int
     released: list[tuple[int, int]] = field(default_factory=list)
     stopped_daemons: list[tuple[int, int]] = field(default_factory=list)
-    cause: str = "none"
+    cause: AttemptCause = "none"
     pattern: str | None = None
     evidence_line: str | None = None
     evidence_files: list[str] = field(default_factory=list)

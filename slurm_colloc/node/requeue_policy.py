@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.oom.patterns import REQUEUE_CAUSES, AttemptCause
 
 STEP_MIN_MIB = 5 * 1024
 MPS_FAULT_REASON = "MPS server fault caused by a co-tenant: same request"
@@ -65,7 +66,7 @@ class RequeueDecision:
 
 def decide(
     *,
-    cause: str,
+    cause: AttemptCause,
     shards: int,
     shards_per_gpu: int,
     restarts: int,
@@ -100,14 +101,14 @@ def decide(
                         restarts=restarts, estimate_mib=estimate_mib, cfg=cfg, culprit=culprit)
 
 
-def _refusal(*, cause: str, shards: int, shards_per_gpu: int, restarts: int,
+def _refusal(*, cause: AttemptCause, shards: int, shards_per_gpu: int, restarts: int,
              cfg: CollocConfig, colloc_placed: bool) -> RequeueDecision | None:
     """Why the job is not requeued (or a whole-GPU job's MPS fault), None to go on."""
     if not colloc_placed:
         return RequeueDecision(False, shards, NOT_PLACED_REASON)
     if cause == "cuda-fatal" and (shards <= 0 or shards >= shards_per_gpu):
         return RequeueDecision(False, shards, CUDA_FATAL_WHOLE_REASON)
-    if cause not in ("gpu-oom", "mps-fault", "cuda-fatal"):
+    if cause not in REQUEUE_CAUSES:
         return RequeueDecision(False, shards, "no GPU out-of-memory in the job's logs")
     if not cfg.requeue_on_oom:
         return RequeueDecision(False, shards, "requeue_on_oom is off in colloc.conf")
@@ -126,7 +127,7 @@ def _refusal(*, cause: str, shards: int, shards_per_gpu: int, restarts: int,
     return None
 
 
-def _shared_next(*, cause: str, shards: int, shards_per_gpu: int, restarts: int,
+def _shared_next(*, cause: AttemptCause, shards: int, shards_per_gpu: int, restarts: int,
                  estimate_mib: int | None, cfg: CollocConfig,
                  culprit: str | None) -> RequeueDecision:
     """The next request of a shared job that is requeued."""

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slurm_colloc.config import CollocConfig
-from slurm_colloc.oom.patterns import CAUSE_PRIORITY, PATTERNS, OomPattern
+from slurm_colloc.oom.patterns import CAUSE_PRIORITY, PATTERNS, AttemptCause, Cause, OomPattern
 from slurm_colloc.oom.safe_open import RefusedPath, open_log
 
-ScanCause = Literal["gpu-oom", "host-oom", "mps-fault", "cuda-fatal", "none"]
+ScanCause = AttemptCause
 ScanStatus = Literal["ok", "missing", "refused", "unreadable"]
 
 MIB = 1 << 20
@@ -62,7 +62,7 @@ class Evidence:
     """One matched line, printable as is (control characters replaced, length capped)."""
 
     pattern_id: str
-    cause: str
+    cause: Cause
     framework: str
     confidence: str
     offset: int
@@ -345,7 +345,7 @@ def _scan_fd(
         return ScanResult(path, "none", file_size=size, bytes_scanned=scan.scanned,
                           complete=scan.complete)
     top, *rest = scan.evidences()
-    cause: ScanCause = top.cause  # type: ignore[assignment]
+    cause: ScanCause = top.cause
     return ScanResult(path, cause, evidence=top, also_seen=tuple(rest), file_size=size,
                       bytes_scanned=scan.scanned, complete=scan.complete)
 

@@ -31,6 +31,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 Cause = Literal["gpu-oom", "mps-fault", "cuda-fatal", "host-oom"]
+"""What a pattern detects."""
+AttemptCause = Literal["gpu-oom", "mps-fault", "cuda-fatal", "host-oom", "none"]
+"""Why an attempt ended, as the scanner, the epilog, the accounting record and the
+report all carry it (one type end to end)."""
+CAUSES: tuple[AttemptCause, ...] = ("gpu-oom", "mps-fault", "cuda-fatal", "host-oom", "none")
+REQUEUE_CAUSES: tuple[AttemptCause, ...] = ("gpu-oom", "mps-fault", "cuda-fatal")
+"""Causes the epilog may requeue a colloc-placed job for (requeue_policy decides)."""
+GPU_CRASH_CAUSES: tuple[AttemptCause, ...] = ("gpu-oom", "mps-fault")
+"""Causes the reports count as GPU memory crashes of a shared job."""
 Confidence = Literal["high", "medium"]
 
 CAUSE_PRIORITY: dict[str, int] = {

@@ -18,6 +18,7 @@ from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
+from slurm_colloc.oom.patterns import GPU_CRASH_CAUSES
 from slurm_colloc.report.inquirer import JobRow
 
 
@@ -93,7 +94,7 @@ def _fold_job(lines: list[JobRow], spg: int) -> _JobFold | None:
             f.collocated = True
             f.hours_saved += hours * (1 - shards / spg)
         f.hours_used += hours * min(1.0, shards / spg)
-        if a.oom and a.oom.cause in ("gpu-oom", "mps-fault"):
+        if a.oom and a.oom.cause in GPU_CRASH_CAUSES:
             f.oom_crashes += 1
     if not attempts and sub is not None and sub.shards < spg:
         f.collocated = True

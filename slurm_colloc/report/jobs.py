@@ -21,6 +21,7 @@ from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
+from slurm_colloc.oom.patterns import GPU_CRASH_CAUSES
 from slurm_colloc.report.inquirer import JobQuery, JobRow
 from slurm_colloc.report.model import SCHEMA_VERSION
 
@@ -117,7 +118,7 @@ def _line(lines: list[JobRow], spg: int) -> JobLine:
         out.gpu_hours += hours * min(1.0, shards / spg)
         if shards < spg:
             out.gpu_hours_saved += hours * (1 - shards / spg)
-        if a.oom and a.oom.cause in ("gpu-oom", "mps-fault"):
+        if a.oom and a.oom.cause in GPU_CRASH_CAUSES:
             out.ooms += 1
     if attempts and attempts[0].estimate and attempts[0].estimate.mib:
         out.estimate_mib = attempts[0].estimate.mib

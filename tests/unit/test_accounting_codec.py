@@ -22,6 +22,7 @@ from slurm_colloc.accounting import (
     encode,
     try_decode,
 )
+from slurm_colloc.oom.patterns import CAUSES
 
 FULL = Attempt(
     attempt=0,
@@ -66,7 +67,8 @@ attempts = st.builds(
     oom=st.one_of(
         st.none(),
         st.builds(
-            OomInfo, text, st.one_of(st.none(), text), st.one_of(st.none(), text), st.booleans()
+            OomInfo, st.sampled_from(CAUSES), st.one_of(st.none(), text),
+            st.one_of(st.none(), text), st.booleans(),
         ),
     ),
     requeue=st.one_of(
@@ -339,3 +341,15 @@ def test_m2_fuzz_well_formed_tokens_with_any_json(v, version, pre, upper) -> Non
 def test_m2_fuzz_tokens_with_any_bytes(b: bytes) -> None:
     """M2: a token around arbitrary (decompressible) bytes."""
     _decode_is_total(_tok(b))
+
+
+def test_a_cause_this_version_does_not_know_is_refused_not_carried() -> None:
+    """One cause type end to end: the decoder gives the report only causes it knows."""
+    import base64
+    import json as _json
+    import zlib
+
+    payload = {"a": [{"n": 0, "o": {"c": "gpu-meltdown"}}]}
+    body = base64.b32encode(zlib.compress(_json.dumps(payload).encode())).decode()
+    with pytest.raises(RecordDecodeError, match="unknown cause"):
+        decode(PREFIX + body.rstrip("=").lower())
