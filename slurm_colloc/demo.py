@@ -203,19 +203,20 @@ def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,
                    ids: dict[str, int]) -> None:
     """Scene 3: colloc-report of one collocated job and of the recovered job."""
     from slurm_colloc.node.record_writer import TRIES
-    from slurm_colloc.report import model, text
+    from slurm_colloc.report import job as job_report
+    from slurm_colloc.report import text
     from slurm_colloc.report.inquirer import SlurmInquirer
 
     inquirer = SlurmInquirer(SlurmCli(env=cluster.env()), cfg.metrics_dir)
     for name in ("resnet50-imagenet", RECOVERED):
         jid = ids[name]
         console.rule(f"Scene 3: colloc-report {jid}  ({name})")
-        rep = model.build(str(jid), inquirer, cfg)
+        rep = job_report.build(str(jid), inquirer, cfg)
         deadline = time.monotonic() + TRIES * 2
         # the epilog's record reaches slurmdbd about a second after the job ends
         while not (rep.attempts and rep.attempts[-1].samples) and time.monotonic() < deadline:
             time.sleep(1)
-            rep = model.build(str(jid), inquirer, cfg)
+            rep = job_report.build(str(jid), inquirer, cfg)
         console.print(text.render(rep))
     console.print(f"\nHTML with plots: colloc-report {ids[RECOVERED]} --html report.html")
     _history_scene(console, cfg)

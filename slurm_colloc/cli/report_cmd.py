@@ -197,6 +197,7 @@ def run(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer) -> int:  # typ
     console = Console(highlight=False)
     if params.table:
         return _table(params, cfg, inquirer, params.ids)
+    from slurm_colloc.report import job as job_report
     from slurm_colloc.report import model, text
 
     assert params.job_id is not None
@@ -205,7 +206,7 @@ def run(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer) -> int:  # typ
     if tasks and params.html is None:  # an array job: the table of its tasks
         return _table(params, cfg, inquirer, tuple(tasks))
     try:
-        rep = model.build(job_id, inquirer, cfg)
+        rep = job_report.build(job_id, inquirer, cfg)
     except model.UnknownJobError as e:
         click.echo(f"colloc report: error: {e}", err=True)
         return EXIT_UNKNOWN

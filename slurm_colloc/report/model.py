@@ -296,23 +296,17 @@ def _elapsed(last: JobRow | None, live: dict[str, Any] | None) -> int | None:
     return max(0, int(time.time()) - start)
 
 
-def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
-    """The report of ``job_id``; raises :class:`UnknownJobError` for an unknown job."""
+def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
+    """The facts of ``job_id`` (notes and advice are :mod:`.recommend`'s, added by
+    :func:`slurm_colloc.report.job.build`); raises :class:`UnknownJobError` for an
+    unknown job."""
     rows = inquirer.job_rows(job_id)
     live = inquirer.live(job_id) if not rows or rows[-1].state in RUNNING else None
     if not rows and live is None:
         raise UnknownJobError(f"job {job_id}: not known to Slurm (controller or accounting)")
     last = rows[-1] if rows else None
     state = str(live.get("JobState", "")) if live else (last.state if last else "UNKNOWN")
-    comments = [r.admin_comment for r in rows] + ([str(live.get("AdminComment", ""))]
-                                                  if live else [])
-    record: JobRecord | None = None
-    sub: CollocRecord | None = None
-    for c in comments:
-        r = try_decode(c)
-        if r is not None and (record is None or len(r.attempts) >= len(record.attempts)):
-            record = r
-        sub = sub or parse_record(c)
+    record, sub = _records(rows, live)
     attempts = list(record.attempts) if record else []
     # an array task (123_4) has a raw id of its own: the node store is keyed by it
     raw = last.job_id if last else str((live or {}).get("JobId") or job_id)
@@ -326,6 +320,42 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     for i, a in enumerate(attempts):
         row = rows[i] if len(rows) == len(attempts) else None
         views.append(_view(a, _outcome(a, row, i == len(attempts) - 1, state)))
+    series = _attach_series(raw, attempts, views, metas, inquirer)
+    site_budget = config_budget(cfg)
+    return JobReport(
+        job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),
+        user=last.user if last else str(live.get("UserId", "") if live else ""),
+        state=state, exit_code=last.exit_code if last else "",
+        node=(last.node if last else "") or str((live or {}).get("NodeList", "")),
+        elapsed_s=_elapsed(last, live),
+        colloc=bool(sub or attempts), submitted=_submitted(sub), attempts=views,
+        shards_per_gpu=site_budget.shards_per_gpu if site_budget else None,
+        shard_mib=cfg.shard_mib, gpu_memory_mib=cfg.gpu_memory_mib or None,
+        series=series, truncated=bool(record and record.truncated),
+        request=(last.req_tres if last else "") or str((live or {}).get("TresPerNode", "") or ""),
+    )
+
+
+def _records(rows: list[JobRow], live: dict[str, Any] | None,
+             ) -> tuple[JobRecord | None, CollocRecord | None]:
+    """The fullest accounting record and the submit record among the job's comments."""
+    comments = [r.admin_comment for r in rows] + ([str(live.get("AdminComment", ""))]
+                                                  if live else [])
+    record: JobRecord | None = None
+    sub: CollocRecord | None = None
+    for c in comments:
+        r = try_decode(c)
+        if r is not None and (record is None or len(r.attempts) >= len(record.attempts)):
+            record = r
+        sub = sub or parse_record(c)
+    return record, sub
+
+
+def _attach_series(raw: str, attempts: list[Attempt], views: list[AttemptView],
+                   metas: dict[int, store.JobMeta], inquirer: Inquirer,
+                   ) -> dict[int, store.Series]:
+    """Each attempt's series (node-local when readable here, else the accounting
+    record's downsampled one), the prolog's limit and start, and its evidence."""
     series: dict[int, store.Series] = {}
     for a, v in zip(attempts, views, strict=True):
         s = inquirer.series(raw, v.attempt)
@@ -346,20 +376,4 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
             v.series_points = _points(rs, 0.0)
         if v.oom is not None:
             _evidence(v.oom, v.node, inquirer)
-    site_budget = config_budget(cfg)
-    spg = site_budget.shards_per_gpu if site_budget else None
-    rep = JobReport(
-        job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),
-        user=last.user if last else str(live.get("UserId", "") if live else ""),
-        state=state, exit_code=last.exit_code if last else "",
-        node=(last.node if last else "") or str((live or {}).get("NodeList", "")),
-        elapsed_s=_elapsed(last, live),
-        colloc=bool(sub or attempts), submitted=_submitted(sub), attempts=views,
-        shards_per_gpu=spg, shard_mib=cfg.shard_mib, gpu_memory_mib=cfg.gpu_memory_mib or None,
-        series=series, truncated=bool(record and record.truncated),
-        request=(last.req_tres if last else "") or str((live or {}).get("TresPerNode", "") or ""),
-    )
-    from slurm_colloc.report.recommend import notes_and_advice
-
-    rep.notes, rep.recommendations = notes_and_advice(rep)
-    return rep
+    return series

@@ -27,6 +27,7 @@ import pytest
 from slurm_colloc.accounting import codec
 from slurm_colloc.accounting.record import JobRecord
 from slurm_colloc.report import html, model
+from slurm_colloc.report import job as job_report
 
 from .test_report_build import CFG, COLLOCATED, world
 
@@ -108,7 +109,7 @@ def _colour_count(rows: list[bytes], rgb: str, tol: int = 40) -> int:
 
 def _reports() -> dict[str, model.JobReport]:
     w = world()
-    out = {j: model.build(j, w, CFG) for j in ("10", "13", "30")}
+    out = {j: job_report.build(j, w, CFG) for j in ("10", "13", "30")}
     series = tuple((i * 30, 1500 + 20 * i, 25 + (i % 7) * 5) for i in range(40))
     assert COLLOCATED.metrics is not None
     acc = replace(COLLOCATED, metrics=replace(COLLOCATED.metrics, series=series))
@@ -117,7 +118,7 @@ def _reports() -> dict[str, model.JobReport]:
     real = codec.try_decode
     with pytest.MonkeyPatch.context() as mp:  # every colloc comment decodes to ``acc``
         mp.setattr(model, "try_decode", lambda c: JobRecord((acc,)) if real(c) else None)
-        out["10-accounting"] = model.build("10", w2, CFG)
+        out["10-accounting"] = job_report.build("10", w2, CFG)
     return out
 
 
@@ -164,7 +165,7 @@ def test_pending_job_is_grey_and_says_it_has_not_started() -> None:
 
     w = Fake(rows={}, live={"60": {"JobState": "PENDING", "Restarts": "0", "AdminComment": SUB,
                                    "TresPerNode": "gres:shard:6"}})
-    rep = model.build("60", w, CFG)
+    rep = job_report.build("60", w, CFG)
     page = html.render(rep)
     assert '<td class="pend">PENDING</td>' in page and "so far" not in page
     assert any("has not started" in n for n in rep.notes)

@@ -17,6 +17,7 @@ from slurm_colloc.cli.report_cmd import EXIT_NO_DATA, EXIT_UNKNOWN, ReportParams
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
 from slurm_colloc.report import admin, html, model, text
+from slurm_colloc.report import job as job_report
 from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_elapsed
 
 CFG = CollocConfig(gpu_memory_mib=40960, shard_mib=1024)
@@ -100,7 +101,7 @@ def world() -> Fake:
 
 
 def test_collocated_job_report_and_json_contract() -> None:
-    rep = model.build("10", world(), CFG)
+    rep = job_report.build("10", world(), CFG)
     d = rep.to_json()
     json.dumps(d)
     assert d["job_id"] == "10" and d["state"] == "COMPLETED"
@@ -120,7 +121,7 @@ def test_over_request_advice_points_at_history_when_the_model_is_known() -> None
     w = world()
     w.rows["40"] = [row("40", "COMPLETED", append_attempt(SUB + ",fp=0123abcd", COLLOCATED).lower())]
     w.ser[("40", 0)] = series("40", 60, mem=2100, sm=30.0, tenants=("11",))
-    recs = " ".join(model.build("40", w, CFG).recommendations)
+    recs = " ".join(job_report.build("40", w, CFG).recommendations)
     assert "shards instead of 6" in recs
     assert "sized from this measured peak automatically" in recs
 
@@ -142,16 +143,16 @@ def test_fatal_cuda_error_notes_victim_or_culprit() -> None:
                     row("50", "COMPLETED", comment(fatal0, OOM1), el=30)]
     w.rows["51"] = [row("51", "REQUEUED", comment(fatal0), exit_code="1:0"),
                     row("51", "FAILED", comment(fatal0, fatal1), exit_code="1:0")]
-    ok = model.build("50", w, CFG)
+    ok = job_report.build("50", w, CFG)
     assert any("co-tenant's fault" in n for n in ok.notes)
     assert any("died of cuda-fatal on a shared GPU (MPS)" in n for n in ok.notes)
-    bad = model.build("51", w, CFG)
+    bad = job_report.build("51", w, CFG)
     assert any("CUDA_LAUNCH_BLOCKING=1" in r for r in bad.recommendations)
     assert not any("co-tenant's fault" in n for n in bad.notes)
 
 
 def test_recovered_job_has_every_attempt_with_evidence_and_advice() -> None:
-    rep = model.build("13", world(), CFG)
+    rep = job_report.build("13", world(), CFG)
     assert [a.attempt for a in rep.attempts] == [0, 1]
     a0, a1 = rep.attempts
     assert a0.outcome == "gpu-oom, requeued" and a0.oom and a0.oom["evidence"] == "/ev/13/attempt0/x.out"
@@ -170,7 +171,7 @@ def render_text(rep: model.JobReport) -> str:
 
 
 def test_running_job_without_dcgm_reports_so_far_from_the_series() -> None:
-    rep = model.build("30", world(), CFG)
+    rep = job_report.build("30", world(), CFG)
     assert rep.running and len(rep.attempts) == 1
     a = rep.attempts[0]
     assert a.peak_mib == 3000 and a.sm_source == "utilization"
@@ -184,17 +185,17 @@ def test_running_job_without_dcgm_reports_so_far_from_the_series() -> None:
 
 
 def test_dcgm_series_is_labelled_sm_activity() -> None:
-    rep = model.build("10", world(), CFG)
+    rep = job_report.build("10", world(), CFG)
     assert rep.attempts[0].sm_source == "sm-activity"
     out = render_text(rep)
     assert "SM activity" in out and "not measured" not in out
 
 
 def test_job_without_colloc_data_and_unknown_job(capsys: pytest.CaptureFixture[str]) -> None:
-    rep = model.build("20", world(), CFG)
+    rep = job_report.build("20", world(), CFG)
     assert not rep.colloc and rep.attempts == [] and "no colloc data" in rep.notes[0]
     with pytest.raises(model.UnknownJobError):
-        model.build("404", world(), CFG)
+        job_report.build("404", world(), CFG)
     p = ReportParams("404", False, None, None, None, None)
     assert run(p, CFG, world()) == EXIT_UNKNOWN
     assert run(ReportParams("20", True, None, None, None, None), CFG, world()) == EXIT_NO_DATA
@@ -217,7 +218,7 @@ def test_html_is_self_contained_and_plots_parse(tmp_path: Any) -> None:
     bad = row("66", "COMPLETED", comment(COLLOCATED), name="<script>alert(1)</script>")
     w.rows["66"] = [bad]
     w.ser[("66", 0)] = w.ser[("10", 0)]
-    rep = model.build("66", w, CFG)
+    rep = job_report.build("66", w, CFG)
     page = html.render(rep)
     p = _Tags()
     p.feed(page)

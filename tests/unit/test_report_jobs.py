@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from slurm_colloc.cli.report_cmd import ReportParams, parse_states, run
+from slurm_colloc.report import job as job_report
 from slurm_colloc.report import jobs, model
 from slurm_colloc.report.inquirer import JobQuery, JobRow, SlurmInquirer
 from slurm_colloc.slurm.adapter import AccountingRecord
@@ -118,7 +119,7 @@ def test_array_task_ids_are_resolved_by_asking_slurm(capsys: pytest.CaptureFixtu
     assert inq.array_tasks("123") == ["123_0", "123_1"]
     rows = inq.job_rows("123_0")
     assert [r.job_id for r in rows] == ["130"] and rows[0].shown_id == "123_0"
-    rep = model.build("123_0", inq, CFG)
+    rep = job_report.build("123_0", inq, CFG)
     assert rep.job_id == "123_0" and rep.attempts[0].peak_mib == 2100
     # the array's own id: the table of its tasks
     assert run(ReportParams("123", True, None, None, None, None), CFG, inq) == 0
@@ -140,7 +141,7 @@ def test_running_array_task_is_found_in_the_controller() -> None:
     assert inq.array_tasks("123") == ["123_2"]
     live = inq.live("123_2")
     assert live is not None and live["JobId"] == "140"
-    rep = model.build("123_2", inq, CFG)
+    rep = job_report.build("123_2", inq, CFG)
     assert rep.running and rep.attempts[-1].limit_mib == 4096  # from the submit record
 
 

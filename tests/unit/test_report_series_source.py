@@ -17,6 +17,7 @@ import pytest
 from slurm_colloc.accounting import codec
 from slurm_colloc.accounting.record import Attempt, JobRecord, OomInfo
 from slurm_colloc.report import html, inquirer, model
+from slurm_colloc.report import job as job_report
 
 from .test_report_build import (
     CFG,
@@ -91,7 +92,7 @@ class _Tags(HTMLParser):
 def test_accounting_series_plots_on_a_host_without_the_node_store(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _with_record(monkeypatch, JobRecord((WITH_SERIES,)))
-    rep = model.build("70", _login_host("70", COLLOCATED), CFG)
+    rep = job_report.build("70", _login_host("70", COLLOCATED), CFG)
     (a,) = rep.attempts
     assert a.series_source == model.SOURCE_ACCOUNTING and len(a.series_points) == N
     assert a.series_points[0] == [0.0, 1500, 20.0] and a.series_points[-1][0] == 5 * (N - 1)
@@ -121,7 +122,7 @@ def test_accounting_series_plots_on_a_host_without_the_node_store(
 
 def test_json_carries_the_series_source_and_points(monkeypatch: pytest.MonkeyPatch) -> None:
     _with_record(monkeypatch, JobRecord((WITH_SERIES,)))
-    d = json.loads(json.dumps(model.build("70", _login_host("70", COLLOCATED), CFG).to_json()))
+    d = json.loads(json.dumps(job_report.build("70", _login_host("70", COLLOCATED), CFG).to_json()))
     (a,) = d["attempts"]
     assert a["series_source"] == "accounting"
     assert a["series_label"] == f"accounting (downsampled, {N} points)"
@@ -133,7 +134,7 @@ def test_node_local_series_wins_over_the_record(monkeypatch: pytest.MonkeyPatch)
     _with_record(monkeypatch, JobRecord((WITH_SERIES,)))
     w = _login_host("70", COLLOCATED)
     w.ser[("70", 0)] = series("70", 60, mem=2100, sm=30.0, tenants=("11",))
-    rep = model.build("70", w, CFG)
+    rep = job_report.build("70", w, CFG)
     (a,) = rep.attempts
     assert a.series_source == model.SOURCE_LOCAL and len(a.series_points) == 60
     assert a.series_points[0][0] == 0.0  # seconds since the attempt's start (t = 1000)
@@ -145,7 +146,7 @@ def test_node_local_series_wins_over_the_record(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_without_any_series_the_report_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    rep = model.build("70", _login_host("70", COLLOCATED), CFG)
+    rep = job_report.build("70", _login_host("70", COLLOCATED), CFG)
     (a,) = rep.attempts
     assert a.series_source is None and a.series_points == []
     assert "none (no node-local series on this host, none in the accounting record)" \
@@ -158,7 +159,7 @@ def test_accounting_series_without_dcgm_is_labelled_utilization(
         monkeypatch: pytest.MonkeyPatch) -> None:
     nodcgm = _metrics(WITH_SERIES, dcgm=False)
     _with_record(monkeypatch, JobRecord((nodcgm,)))
-    rep = model.build("70", _login_host("70", COLLOCATED), CFG)
+    rep = job_report.build("70", _login_host("70", COLLOCATED), CFG)
     page = html.render(rep)
     act = ElementTree.tostring(_svgs(page)["activity"], encoding="unicode")
     assert "GPU utilization" in act
@@ -171,7 +172,7 @@ def test_malformed_record_points_are_skipped_and_unmeasured_activity_is_a_gap(
                 (15, 1100, None), (True, 1, 1), (1, 2))
     odd = _metrics(WITH_SERIES, series=bad)
     _with_record(monkeypatch, JobRecord((odd,)))
-    rep = model.build("70", _login_host("70", COLLOCATED), CFG)
+    rep = job_report.build("70", _login_host("70", COLLOCATED), CFG)
     (a,) = rep.attempts
     assert a.series_points == [[0.0, 1000, None], [15.0, 1100, None], [20.0, 1200, 100.0]]
     svgs = _svgs(html.render(rep))
@@ -186,7 +187,7 @@ def test_every_attempt_gets_its_own_source(monkeypatch: pytest.MonkeyPatch) -> N
     _with_record(monkeypatch, JobRecord((a0, OOM1)))
     w = _login_host("71", OOM0, OOM1)
     w.ser[("71", 1)] = series("71", 30, mem=14336, sm=55.0)
-    rep = model.build("71", w, CFG)
+    rep = job_report.build("71", w, CFG)
     assert [(a.series_source, len(a.series_points)) for a in rep.attempts] == [
         ("accounting", 5), ("node-local", 30)]
     assert len(_svgs(html.render(rep))) == 3  # svgs keyed by role: both attempts plotted
@@ -200,7 +201,7 @@ def test_record_round_trip_keeps_the_series_when_the_codec_carries_it() -> None:
     if dec is None or dec.attempts[0].metrics is None or not dec.attempts[0].metrics.series:
         pytest.skip("codec does not carry MetricsSummary.series yet")
     w = _login_host("72", WITH_SERIES)
-    rep = model.build("72", w, CFG)
+    rep = job_report.build("72", w, CFG)
     assert rep.attempts[0].series_source == "accounting"
     assert len(rep.attempts[0].series_points) == N
 
@@ -231,7 +232,7 @@ def _oom_world(path: str) -> Fake:
 def test_readable_evidence_is_marked_and_its_last_lines_shown(tmp_path: Path) -> None:
     ev = tmp_path / "slurm-80.out.oom"
     ev.write_text("x" * 9000 + "\nstep 1\nstep 2\n\ntorch.OutOfMemoryError: CUDA out of memory\n")
-    rep = model.build("80", _oom_world(str(ev)), CFG)
+    rep = job_report.build("80", _oom_world(str(ev)), CFG)
     oom = rep.attempts[0].oom
     assert oom is not None and oom["evidence_readable"] is True
     assert oom["evidence_status"] == "readable"
@@ -249,7 +250,7 @@ def test_readable_evidence_is_marked_and_its_last_lines_shown(tmp_path: Path) ->
 
 def test_evidence_not_on_this_host_says_which_node_holds_it() -> None:
     path = "/var/lib/colloc/evidence/80/attempt0/slurm-80.out"
-    rep = model.build("80", _oom_world(path), CFG)
+    rep = job_report.build("80", _oom_world(path), CFG)
     oom = rep.attempts[0].oom
     assert oom is not None and oom["evidence_readable"] is False
     assert oom["evidence_status"] == "absent" and oom["evidence_tail"] == []
@@ -266,7 +267,7 @@ def test_unreadable_evidence_is_not_read(tmp_path: Path, monkeypatch: pytest.Mon
     if os.geteuid() == 0:  # root reads anything: stand in for another user
         monkeypatch.setattr(os, "access", lambda *a, **k: False)
     opened = _record_opens(monkeypatch)
-    rep = model.build("80", _oom_world(str(ev)), CFG)
+    rep = job_report.build("80", _oom_world(str(ev)), CFG)
     oom = rep.attempts[0].oom
     assert oom is not None and oom["evidence_status"] == "denied" and not oom["evidence_readable"]
     assert oom["evidence_tail"] == [] and opened == []
@@ -287,7 +288,7 @@ def test_evidence_that_is_not_a_regular_file_is_never_opened(
     else:
         ev.mkdir()
     opened = _record_opens(monkeypatch)
-    rep = model.build("80", _oom_world(str(ev)), CFG)
+    rep = job_report.build("80", _oom_world(str(ev)), CFG)
     oom = rep.attempts[0].oom
     assert oom is not None and oom["evidence_status"] == "not-a-file"
     assert oom["evidence_readable"] is False and opened == []
@@ -324,7 +325,7 @@ def test_evidence_read_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_evidence_lines_cannot_inject_markup_or_control_sequences(tmp_path: Path) -> None:
     ev = tmp_path / "evil.out"
     ev.write_text("[link=https://evil.example]x[/link] \x1b[2J <img src=x onerror=alert(1)>\n")
-    rep = model.build("80", _oom_world(str(ev)), CFG)
+    rep = job_report.build("80", _oom_world(str(ev)), CFG)
     out = render_text(rep)
     assert "[link=https://evil.example]x[/link]" in out and "\x1b[2J" not in out
     page = html.render(rep)
@@ -341,7 +342,7 @@ def test_oom_without_evidence_has_no_evidence_section() -> None:
     a = replace(OOM0, oom=OomInfo("gpu-oom", "torch-cuda-oom", None))
     w = world()
     w.rows["81"] = [row("81", "FAILED", comment(a), exit_code="1:0")]
-    rep = model.build("81", w, CFG)
+    rep = job_report.build("81", w, CFG)
     assert "OOM evidence" not in render_text(rep)
     assert rep.attempts[0].oom is not None and "evidence_readable" not in rep.attempts[0].oom
 

@@ -25,7 +25,8 @@ from rich.console import Console
 from slurm_colloc.accounting.codec import append_attempt
 from slurm_colloc.cli.report_cmd import ReportParams, run
 from slurm_colloc.metrics import store
-from slurm_colloc.report import admin, html, model, text
+from slurm_colloc.report import admin, html, text
+from slurm_colloc.report import job as job_report
 from slurm_colloc.report.inquirer import JobRow, SlurmInquirer
 from slurm_colloc.slurm import adapter as ad
 
@@ -260,7 +261,7 @@ def test_low_rich_markup_in_job_fields_is_shown_literally(name: str) -> None:
     reached the terminal. They are now shown as text."""
     w = world()
     w.rows["10"] = [row("10", "COMPLETED", comment(COLLOCATED), name=name, user=name)]
-    rep = model.build("10", w, CFG)
+    rep = job_report.build("10", w, CFG)
     rep.node = name
     rep.attempts[0].co_tenants = [name]
     ansi = _ansi(text.render(rep))
@@ -290,7 +291,7 @@ def test_low_html_escapes_every_slurm_and_user_string() -> None:
     w = world()
     w.rows["10"] = [row("10", "COMPLETED", comment(COLLOCATED), name=evil, user=evil,
                         exit_code=evil)]
-    rep = model.build("10", w, CFG)
+    rep = job_report.build("10", w, CFG)
     rep.node = evil
     rep.attempts[0].co_tenants = [evil]
     rep.attempts[0].oom = {"evidence": evil}

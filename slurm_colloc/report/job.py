@@ -1,0 +1,17 @@
+"""One job's report: the facts (:mod:`.model`) with their notes and advice
+(:mod:`.recommend`). Kept apart so that the model does not depend on the advice that
+reads it."""
+
+from __future__ import annotations
+
+from slurm_colloc.config import CollocConfig
+from slurm_colloc.report.inquirer import Inquirer
+from slurm_colloc.report.model import JobReport, assemble
+from slurm_colloc.report.recommend import notes_and_advice
+
+
+def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
+    """The report of ``job_id``; raises ``UnknownJobError`` for an unknown job."""
+    rep = assemble(job_id, inquirer, cfg)
+    rep.notes, rep.recommendations = notes_and_advice(rep)
+    return rep
