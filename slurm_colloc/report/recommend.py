@@ -35,52 +35,12 @@ def _final(rep: JobReport) -> AttemptView | None:
 
 def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
     """(notes, recommendations) for the report."""
-    notes: list[str] = []
-    advice: list[str] = []
     if not rep.colloc:
-        notes.append("This job carries no colloc data (not submitted with --colloc or a "
-                     "shard request, or it never reached a colloc node).")
-        return notes, advice
-    if rep.state in ("PENDING", "REQUEUED"):
-        notes.append(f"The job is {rep.state}: it has not started (again) yet; figures of "
-                     "earlier attempts only.")
-    elif rep.running:
-        notes.append(f"The job is {rep.state}: figures are what was measured so far.")
-    if rep.truncated:
-        notes.append("The accounting record was shortened to fit AdminComment; "
-                     "older details are missing.")
-    for a in rep.attempts:
-        if a.oom:
-            ev = (f"; log kept in {a.oom.get('evidence_where') or a.oom['evidence']}"
-                  if a.oom.get("evidence") else "")
-            where = ("on a whole GPU" if a.oom.get("whole_gpu") else
-                     "under its MPS limit" if a.oom["cause"] == "gpu-oom" else
-                     "on a shared GPU (MPS)")
-            notes.append(f"Attempt {a.attempt} died of {a.oom['cause']} {where}"
-                         f" ({a.oom.get('pattern') or 'pattern unknown'}){ev}.")
-        if a.requeue and a.requeue.get("requeued"):
-            notes.append(f"It was requeued with {a.requeue.get('new_request')} "
-                         f"({gib(a.requeue.get('new_limit_mib'))}): {a.requeue.get('reason')}.")
-        if a.co_tenants:
-            notes.append(f"Attempt {a.attempt} shared GPU {a.gpu} with job(s) "
-                         f"{', '.join(a.co_tenants)}.")
-        if a.samples == 0 and not rep.running:
-            notes.append(f"Attempt {a.attempt}: no GPU samples (sidecar not running, or the "
-                         "job did not use the GPU).")
-        elif a.sm_source == "utilization":
-            notes.append(f"Attempt {a.attempt}: SM activity not measured (no DCGM); "
-                         "GPU utilization shown instead, which overstates real use.")
-    fatal = [a for a in rep.attempts if a.oom and a.oom["cause"] == "cuda-fatal"]
-    if fatal and not rep.running:
-        if rep.state == "COMPLETED":
-            notes.append("The fatal CUDA error did not recur on a GPU of its own: it was most "
-                         "likely a co-tenant's fault, which MPS reports to every client.")
-        elif fatal[-1] is rep.attempts[-1] and fatal[-1].oom and fatal[-1].oom.get("whole_gpu"):
-            advice.append("The job hit a fatal CUDA error on a GPU of its own too, so the "
-                          "fault is in the job (or its GPU): rerun with "
-                          "CUDA_LAUNCH_BLOCKING=1 to see the failing kernel; a device-side "
-                          "assert usually means an out-of-range index (class labels, "
-                          "embedding ids).")
+        return ["This job carries no colloc data (not submitted with --colloc or a "
+                "shard request, or it never reached a colloc node)."], []
+    notes = _state_notes(rep) + [n for a in rep.attempts for n in _attempt_notes(rep, a)]
+    advice: list[str] = []
+    _fatal_cuda(rep, notes, advice)
     f = _final(rep)
     if f is None or f.peak_mib is None:
         return notes, advice
@@ -89,15 +49,94 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
         err = (est - f.peak_mib) / f.peak_mib * 100 if f.peak_mib else 0.0
         notes.append(f"Estimate {gib(est)} vs measured peak {gib(f.peak_mib)} "
                      f"({err:+.0f}%).")
+    return notes, advice + _advice(rep, f, est)
+
+
+def _state_notes(rep: JobReport) -> list[str]:
+    notes = []
+    if rep.state in ("PENDING", "REQUEUED"):
+        notes.append(f"The job is {rep.state}: it has not started (again) yet; figures of "
+                     "earlier attempts only.")
+    elif rep.running:
+        notes.append(f"The job is {rep.state}: figures are what was measured so far.")
+    if rep.truncated:
+        notes.append("The accounting record was shortened to fit AdminComment; "
+                     "older details are missing.")
+    return notes
+
+
+def _attempt_notes(rep: JobReport, a: AttemptView) -> list[str]:
+    notes = []
+    if a.oom:
+        ev = (f"; log kept in {a.oom.get('evidence_where') or a.oom['evidence']}"
+              if a.oom.get("evidence") else "")
+        where = ("on a whole GPU" if a.oom.get("whole_gpu") else
+                 "under its MPS limit" if a.oom["cause"] == "gpu-oom" else
+                 "on a shared GPU (MPS)")
+        notes.append(f"Attempt {a.attempt} died of {a.oom['cause']} {where}"
+                     f" ({a.oom.get('pattern') or 'pattern unknown'}){ev}.")
+    if a.requeue and a.requeue.get("requeued"):
+        notes.append(f"It was requeued with {a.requeue.get('new_request')} "
+                     f"({gib(a.requeue.get('new_limit_mib'))}): {a.requeue.get('reason')}.")
+    if a.co_tenants:
+        notes.append(f"Attempt {a.attempt} shared GPU {a.gpu} with job(s) "
+                     f"{', '.join(a.co_tenants)}.")
+    if a.samples == 0 and not rep.running:
+        notes.append(f"Attempt {a.attempt}: no GPU samples (sidecar not running, or the "
+                     "job did not use the GPU).")
+    elif a.sm_source == "utilization":
+        notes.append(f"Attempt {a.attempt}: SM activity not measured (no DCGM); "
+                     "GPU utilization shown instead, which overstates real use.")
+    return notes
+
+
+def _fatal_cuda(rep: JobReport, notes: list[str], advice: list[str]) -> None:
+    fatal = [a for a in rep.attempts if a.oom and a.oom["cause"] == "cuda-fatal"]
+    if not fatal or rep.running:
+        return
+    if rep.state == "COMPLETED":
+        notes.append("The fatal CUDA error did not recur on a GPU of its own: it was most "
+                     "likely a co-tenant's fault, which MPS reports to every client.")
+    elif fatal[-1] is rep.attempts[-1] and fatal[-1].oom and fatal[-1].oom.get("whole_gpu"):
+        advice.append("The job hit a fatal CUDA error on a GPU of its own too, so the "
+                      "fault is in the job (or its GPU): rerun with "
+                      "CUDA_LAUNCH_BLOCKING=1 to see the failing kernel; a device-side "
+                      "assert usually means an out-of-range index (class labels, "
+                      "embedding ids).")
+
+
+def _advice(rep: JobReport, f: AttemptView, est: int | None) -> list[str]:
+    """Recommendations from the measured symptoms of the last measured attempt."""
+    assert f.peak_mib is not None
+    advice = []
     first = rep.attempts[0] if rep.attempts else None
+    learned = (rep.submitted or {}).get("fingerprint")
     if first is not None and first.oom and first.oom["cause"] == "gpu-oom" and not rep.running:
         need = math.ceil(f.peak_mib * (1 + MARGIN) / 1024)
         advice.append(f"The first estimate ({gib(first.estimate_mib or est)}) was too low: "
                       f"this job peaked at {gib(f.peak_mib)}. Next time submit with "
                       f"--colloc-mem={need}G (peak + 10%) to share a GPU without a crash"
                       + ("; a --colloc=SUMMARY rerun (this or another batch size) is now "
-                         "sized from this measured peak automatically."
-                         if (rep.submitted or {}).get("fingerprint") else "."))
+                         "sized from this measured peak automatically." if learned else "."))
+    advice += _usage_advice(rep, f)
+    if f.limit_mib and rep.shard_mib and not f.oom and not (first and first.oom):
+        need_shards = math.ceil(f.peak_mib * (1 + MARGIN) / rep.shard_mib)
+        have = f.shards or f.limit_mib // rep.shard_mib
+        if have - need_shards >= 2:
+            advice.append(f"This job used at most {gib(f.peak_mib)} of its {gib(f.limit_mib)} "
+                          f"share: {need_shards} shards instead of {have} would do "
+                          f"(--colloc-mem={math.ceil(need_shards * rep.shard_mib / 1024)}G), "
+                          "so it starts sooner and leaves room for others."
+                          + (" A --colloc=SUMMARY rerun of this model (this or another batch "
+                             "size) is sized from this measured peak automatically."
+                             if learned else ""))
+    return advice
+
+
+def _usage_advice(rep: JobReport, f: AttemptView) -> list[str]:
+    """Batch too small, memory-bound, or idle phases."""
+    assert f.peak_mib is not None
+    advice = []
     cap = f.limit_mib or rep.gpu_memory_mib
     sm = f.sm_activity
     if cap and sm is not None:
@@ -116,15 +155,4 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
                       "job held its memory: data loading or checkpointing stalls. Use more "
                       "DataLoader workers with pin_memory, prefetch, and write checkpoints "
                       "asynchronously.")
-    if f.limit_mib and rep.shard_mib and not f.oom and not (first and first.oom):
-        need_shards = math.ceil(f.peak_mib * (1 + MARGIN) / rep.shard_mib)
-        have = f.shards or f.limit_mib // rep.shard_mib
-        if have - need_shards >= 2:
-            advice.append(f"This job used at most {gib(f.peak_mib)} of its {gib(f.limit_mib)} "
-                          f"share: {need_shards} shards instead of {have} would do "
-                          f"(--colloc-mem={math.ceil(need_shards * rep.shard_mib / 1024)}G), "
-                          "so it starts sooner and leaves room for others."
-                          + (" A --colloc=SUMMARY rerun of this model (this or another batch "
-                             "size) is sized from this measured peak automatically."
-                             if (rep.submitted or {}).get("fingerprint") else ""))
-    return notes, advice
+    return advice
