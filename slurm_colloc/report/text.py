@@ -163,55 +163,16 @@ def _evidence_lines(a: AttemptView) -> list[Text]:
 
 
 def render(rep: JobReport) -> RenderableType:
-    """The whole report as one rich renderable."""
-    parts: list[RenderableType] = []
+    """The whole report as one rich renderable (jobstats' order: header, bars,
+    details, notes)."""
     rule = Text("=" * 78, style="dim")
     title = safe(f"colloc job report: job {rep.job_id}", style="bold")
     title.justify = "center"
-    parts += [rule, title, rule]
-    head = Table.grid(padding=(0, 2))
-    head.add_column(style="bold")
-    head.add_column()
-    head.add_row("Job", safe(f"{rep.job_id}  {rep.name}"))
-    head.add_row("User", safe(rep.user or "?"))
-    state = safe(rep.state, style=_outcome_style(rep.state))
-    if rep.exit_code and rep.exit_code != "0:0":
-        state.append(clean(f"  (exit {rep.exit_code})"))
-    head.add_row("State", state)
-    head.add_row("Node", safe(rep.node or "?"))
-    head.add_row("Elapsed", _hms(rep.elapsed_s))
-    head.add_row("Attempts", str(len(rep.attempts)))
-    if rep.request:
-        head.add_row("Request", safe(rep.request))
-    if rep.submitted:
-        s = rep.submitted
-        head.add_row("Submitted", safe(f"{s['mode']}: {gib(s['estimate_mib'])} ({s['estimator']})"
-                                       f" -> {s['shards']} shards x {s['shard_mib']} MiB"))
-    parts.append(head)
+    parts: list[RenderableType] = [rule, title, rule, _header(rep)]
     if not rep.colloc:
         parts += [Text(""), *[safe(f"  * {n}") for n in rep.notes]]
         return Group(*parts)
-    final = next((a for a in reversed(rep.attempts) if a.samples), None)
-    parts += [Text(""), Text("Overall (last measured attempt)", style="bold")]
-    if final is None:
-        parts.append(Text("  no GPU samples", style="dim"))
-    else:
-        cap = final.limit_mib or rep.gpu_memory_mib
-        frac = final.peak_mib / cap if cap and final.peak_mib is not None else None
-        of = "limit" if final.limit_mib else "the whole GPU; limit not known"
-        parts.append(bar("GPU memory peak", frac,
-                         f"{gib(final.peak_mib)} of {gib(cap)} ({of})" + (
-                             f" = {frac:.0%}" if frac is not None else "")))
-        if final.estimate_mib and cap:
-            parts.append(bar("estimate", final.estimate_mib / cap, gib(final.estimate_mib),
-                             warn=2.0))
-        label = "SM activity" if final.sm_source != "utilization" else "GPU utilization"
-        parts.append(bar(label, final.sm_activity,
-                         f"{final.sm_activity:.0%}" if final.sm_activity is not None else "",
-                         warn=2.0, low=0.5))
-        if final.energy_j:
-            parts.append(Text(f"  {'GPU energy':<18} {final.energy_j / 3.6e3:.2f} Wh "
-                              f"({final.energy_j / 1000:.1f} kJ, share of the GPU's)"))
+    parts += [Text(""), Text("Overall (last measured attempt)", style="bold"), *_overall(rep)]
     parts += [Text(""), Text("Attempts (memory in GiB; * = utilization, not SM activity)",
                    style="bold"), _detail_table(rep)]
     for a in rep.attempts:
@@ -233,3 +194,50 @@ def render(rep: JobReport) -> RenderableType:
         parts += [Text(""), Text("Recommendations", style="bold green")]
         parts += [safe(f"  * {r}") for r in rep.recommendations]
     return Group(*parts)
+
+
+def _header(rep: JobReport) -> Table:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("Job", safe(f"{rep.job_id}  {rep.name}"))
+    head.add_row("User", safe(rep.user or "?"))
+    state = safe(rep.state, style=_outcome_style(rep.state))
+    if rep.exit_code and rep.exit_code != "0:0":
+        state.append(clean(f"  (exit {rep.exit_code})"))
+    head.add_row("State", state)
+    head.add_row("Node", safe(rep.node or "?"))
+    head.add_row("Elapsed", _hms(rep.elapsed_s))
+    head.add_row("Attempts", str(len(rep.attempts)))
+    if rep.request:
+        head.add_row("Request", safe(rep.request))
+    if rep.submitted:
+        s = rep.submitted
+        head.add_row("Submitted", safe(f"{s['mode']}: {gib(s['estimate_mib'])} ({s['estimator']})"
+                                       f" -> {s['shards']} shards x {s['shard_mib']} MiB"))
+    return head
+
+
+def _overall(rep: JobReport) -> list[RenderableType]:
+    """Bars of the last measured attempt: peak against the limit, estimate, activity."""
+    final = next((a for a in reversed(rep.attempts) if a.samples), None)
+    if final is None:
+        return [Text("  no GPU samples", style="dim")]
+    cap = final.limit_mib or rep.gpu_memory_mib
+    frac = final.peak_mib / cap if cap and final.peak_mib is not None else None
+    of = "limit" if final.limit_mib else "the whole GPU; limit not known"
+    parts: list[RenderableType] = [bar(
+        "GPU memory peak", frac,
+        f"{gib(final.peak_mib)} of {gib(cap)} ({of})" + (
+            f" = {frac:.0%}" if frac is not None else ""))]
+    if final.estimate_mib and cap:
+        parts.append(bar("estimate", final.estimate_mib / cap, gib(final.estimate_mib),
+                         warn=2.0))
+    label = "SM activity" if final.sm_source != "utilization" else "GPU utilization"
+    parts.append(bar(label, final.sm_activity,
+                     f"{final.sm_activity:.0%}" if final.sm_activity is not None else "",
+                     warn=2.0, low=0.5))
+    if final.energy_j:
+        parts.append(Text(f"  {'GPU energy':<18} {final.energy_j / 3.6e3:.2f} Wh "
+                          f"({final.energy_j / 1000:.1f} kJ, share of the GPU's)"))
+    return parts
