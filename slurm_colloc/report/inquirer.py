@@ -2,7 +2,7 @@
 
 :class:`Inquirer` answers the report's questions (a job's accounting lines, the jobs
 of a period, the controller's live view of a running job, the node-local series);
-:class:`SlurmInquirer` asks Slurm through :class:`~slurm_colloc.slurm.adapter.SlurmCli`
+:class:`SlurmInquirer` asks Slurm through a :class:`~slurm_colloc.slurm.adapter.SlurmAdapter`
 and reads the metrics store when it is on this host. Tests use a fake.
 
 :func:`check_evidence` says whether an attempt's OOM evidence file can be read from
@@ -23,10 +23,9 @@ from datetime import datetime
 from typing import Any
 
 from slurm_colloc.metrics import store
-from slurm_colloc.slurm import sacct_json
 from slurm_colloc.slurm.adapter import (
     AccountingRecord,
-    SlurmCli,
+    SlurmAdapter,
     SlurmError,
     by_start,
     scontrol_view,
@@ -240,7 +239,7 @@ class Inquirer(abc.ABC):
 class SlurmInquirer(Inquirer):
     """sacct/scontrol through the Slurm adapter, plus the local metrics store."""
 
-    def __init__(self, slurm: SlurmCli, metrics_dir: str | None) -> None:
+    def __init__(self, slurm: SlurmAdapter, metrics_dir: str | None) -> None:
         """``metrics_dir`` None: do not look for node-local series."""
         self.slurm = slurm
         self.metrics_dir = metrics_dir
@@ -280,16 +279,9 @@ class SlurmInquirer(Inquirer):
         return sorted(tasks, key=lambda t: int(t.split("_")[1]))
 
     def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
-        # JSON, never --parsable2 (issue 11, M6); one bad entry is skipped, not fatal
-        args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
-        args += [f"--endtime={until}"] if until else []
-        args += [f"--user={user}"] if user else ["--allusers"]
-        cp = self.slurm.run("sacct", *args)
+        # one bad entry is skipped, not fatal; the adapter keeps only ``user``'s records
         out = []
-        for rec in sacct_json.parse(cp.stdout, warn=self._warnings.append):
-            # 22.05's sacct --json does not pass --user on to its dumper: filter here
-            if user is not None and rec.fields.get("User") != user:
-                continue
+        for rec in self.slurm.accounting_period(since, until, user, warn=self._warnings.append):
             try:
                 out.append(JobRow.from_fields(rec.fields))
             except (ValueError, TypeError, OverflowError) as e:
