@@ -263,7 +263,8 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
 
     if ctx.exit_code in ("", "0:0") or not (ctx.stdout or ctx.stderr):
         return
-    logs = [p for p in (ctx.stdout, ctx.stderr) if p]
+    # stderr first: on a tie the first file wins, and frameworks print errors there
+    logs = [p for p in (ctx.stderr, ctx.stdout) if p]
     gid = _user_gid(ctx.uid)
     scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20, uid=ctx.uid, gid=gid)
     result.cause = scan.cause
