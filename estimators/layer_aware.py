@@ -15,6 +15,7 @@ parameter bytes are the best known terms, the activations the least.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -310,10 +311,18 @@ class LayerAwareEstimator:
     def estimate(self, summary: ModelSummary, job: Job) -> Estimate:
         """Estimate from the summary; see the module docstring for the formula."""
         cal = self.calibration
+        rec = recognise(summary)
+        fingerprint = summary.fingerprint()  # of the summary as given (the history key)
+        if rec.unshown_params:
+            # parameters print(model) cannot show (XLNet's bare attention projections)
+            total = summary.total_params + rec.unshown_params
+            summary = dataclasses.replace(summary, total_params=total, trainable_params=total)
         f = compute(summary, job.batch_size, job.seq_len, job.optimizer, job.precision)
         _refuse_if_too_shallow(summary, f)
-        rec = recognise(summary)
         notes = []
+        if rec.unshown_params:
+            notes.append(f"{rec.unshown_params:,} parameters of attention modules that hold "
+                         "them directly are not in print(model) and were added (XLNet)")
         attn_info: dict[str, object] = {}
         if transformer_path(summary, rec, job):
             impl, source = resolve_impl(rec, job.attention)
@@ -391,6 +400,6 @@ class LayerAwareEstimator:
             estimator=self.name,
             breakdown=parts,
             margin_mib=math.ceil(margin),
-            fingerprint=summary.fingerprint(),
+            fingerprint=fingerprint,
             uncertainty=uncertainty,
         )

@@ -111,6 +111,9 @@ PyTorch's ``TransformerEncoderLayer`` in a shallow table): one attention layer."
 _RNN = re.compile(r"^(lstm|gru|rnn|lstmcell|grucell|rnncell|bidirectional|simplernn)$",
                   re.IGNORECASE)
 
+BARE_ATTENTION_MATRICES = 5
+"""Width x width matrices of an attention module without Linear children (XLNet's
+q, k, v, o and r)."""
 STEM_CONVS = 2
 """Convolutions a transformer may have as its stem (ViT's patch embedding, Whisper's
 two Conv1d) without being a conv/attention hybrid."""
@@ -147,6 +150,10 @@ class Recognition:
     """``transformer``, ``hybrid``, ``cnn``, ``rnn``, ``mlp``, ``mixed`` or ``unknown``."""
     family: str | None
     cores: tuple[AttentionCore, ...] = ()
+    unshown_params: int = 0
+    """Parameters print(model) cannot show: attention modules that hold their
+    projections as bare parameters (XLNet's relative attention: q, k, v, o and the
+    position projection r, ``5 x width^2``), when no ``, N params`` counts are given."""
     decoder_start: int | None = None
     """Index in ``summary.layers`` of the first layer of the decoder of an
     encoder-decoder model (its layers and head see decoder tokens), if any."""
@@ -302,8 +309,18 @@ def recognise(summary: ModelSummary) -> Recognition:
     hf = family in HF_FAMILIES and any(_HF_CLASS.search(r.type) for r in rows)
     kind = _kind(summary, cores, family if hf else None)
     evidence.append(f"kind {kind}")
+    unshown = 0
+    if summary.format == "pytorch-print" and "param_counts" not in summary.meta:
+        for i in inner:
+            sub = [rows[k] for k in kids[i]]
+            if rows[i].params == 0 and not any(
+                    category(x.type) == "linear" or is_hf_conv1d(x) for x in sub):
+                w = _core_width(rows[i], sub) or model_width or 0
+                unshown += BARE_ATTENTION_MATRICES * w * w
+        if unshown:
+            evidence.append(f"{unshown:,} attention parameters print(model) cannot show")
     return Recognition(kind=kind, family=family, cores=tuple(cores), hf=hf, impl_shown=impl,
-                       evidence=tuple(evidence),
+                       evidence=tuple(evidence), unshown_params=unshown,
                        decoder_start=_decoder_start(rows) if family in ENC_DEC else None)
 
 

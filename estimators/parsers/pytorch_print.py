@@ -340,6 +340,8 @@ def parse(text: str) -> ModelSummary:
     total = root.params if root.params is not None else computed
     seq = _max_positions(lines)
     meta = {"max_positions": str(seq)} if seq else {}
+    if any(split_suffix(ln.strip()) for ln in lines[:3]):
+        meta["param_counts"] = "shown"  # the `, N params` suffix: counts are exact
     # how leaves and containers interleave (recognition rebuilds the tree from it)
     meta["row_order"] = "".join("l" if r.leaf else "c" for r in rows)
     return ModelSummary(format="pytorch-print", layers=tuple(layers), total_params=total,
