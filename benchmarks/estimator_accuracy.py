@@ -494,7 +494,7 @@ def recognition_coverage() -> str:
     for p in sorted(CORPUS.glob("*.txt")):
         s = read_summary_file(p)
         rec = recognise(s)
-        is_tr = not p.name.startswith(("flax_cnn",))
+        is_tr = not p.name.startswith(("flax_cnn", "resnet", "keras3_resnet"))
         n_tr += is_tr
         ok += is_tr and rec.attention and rec.recognised
         lines.append(f"  {p.name:<40} {s.format:<13} {rec.kind:<11} {rec.family or '-':<12} "

@@ -55,6 +55,8 @@ class Features:
     """Deepest row of the table (torchinfo's ``depth``)."""
     conv_layers: int = 0
     """Convolution leaves (a stem of one or two is not a convolutional network)."""
+    custom_params: bool = False
+    """Some leaf of an unknown type holds parameters (ResMLP's ``Affine``)."""
     std_conv: bool = False
     """Weight-standardised convolutions (NF-nets' ``ScaledStdConv2d``): their gains and
     standardisation are functions the summary hides."""
@@ -98,15 +100,16 @@ def margin_bucket(f: Features) -> str:
         return "attn_explicit" if a["attn_probs"] > 0 else "attn_hidden"
     if a["conv"] > 0:
         if (a["norm_composite"] > 0 or f.std_conv
-                or (a["norm"] == 0 and f.conv_layers <= STEM_CONVS)):
+                or (a["norm"] == 0 and f.conv_layers <= STEM_CONVS and f.custom_params)):
             return "normfree"
         return "cnn"
     return "mlp"
 
 
 STEM_CONVS = 2
-"""A network with at most this many convolutions and no normalisation module is not a
-plain CNN (ResMLP: a patch stem, then affine ops the summary hides)."""
+"""A network with at most this many convolutions, no normalisation module and layers
+of unknown types holding parameters is not a plain CNN (ResMLP: a patch stem, then
+``Affine`` ops whose elementwise work the summary hides)."""
 _STD_CONV = re.compile(r"(std|scaled|ws)\w*conv|conv\w*(std|ws)\d?d?$", re.IGNORECASE)
 
 
@@ -140,6 +143,7 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     attention_rows = 0
     conv_layers = 0
     std_conv = False
+    custom_params = False
     hidden_params = 0
     hidden_containers = 0
     # only torchinfo cuts blocks off, and only at the table's deepest level
@@ -170,6 +174,7 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
             packers[cat].add(nbytes)
             continue
         cat = leaf_category(layer.type, layer.params)
+        custom_params = custom_params or (cat == "other" and layer.params > 0)
         if cat == "conv":
             conv_layers += 1
             std_conv = std_conv or bool(_STD_CONV.search(layer.type))
@@ -217,6 +222,7 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
         table_depth=table_depth,
         conv_layers=conv_layers,
         std_conv=std_conv,
+        custom_params=custom_params,
     )
 
 

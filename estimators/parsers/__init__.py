@@ -7,6 +7,7 @@ so a torchinfo table (which also says "Layer (type") is never taken for torchsum
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,8 @@ from estimators.model import ModelSummary
 from estimators.parsers import flax, json_format, keras, pytorch_print, torchinfo, torchsummary
 from estimators.parsers._common import check_plausible
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")
+"""A CSI escape sequence (colours, bold); bounded, so linear on any input."""
 MAX_SUMMARY_BYTES = 4 * 1024 * 1024
 """Largest summary accepted: a torchinfo table of a 1,000-layer model is ~150 kB; more
 than this is a wrong file (a log, a checkpoint) and must not be slurped on a login node."""
@@ -61,6 +64,10 @@ def _parse(text: str, fmt: str | None) -> ModelSummary:
         )
     if "\x00" in text:
         raise SummaryParseError("summary contains NUL bytes: not a text summary")
+    if "\x1b" in text:
+        # terminal styling: Flax's nn.tabulate and Keras 3 print through rich with a
+        # forced terminal, so a redirected table still carries ANSI escape codes
+        text = _ANSI.sub("", text)
     if fmt is not None:
         if fmt not in ALL_FORMATS:
             raise EstimatorInputError(
@@ -69,6 +76,11 @@ def _parse(text: str, fmt: str | None) -> ModelSummary:
     for name, (detect, parse) in ALL_FORMATS.items():
         if detect(text):
             return _guarded(name, parse, text)
+    if "Layer (type)" in text and "Output Shape" in text and "Param #" not in text:
+        raise SummaryParseError(
+            "the table has no 'Param #' column: the console cut it off (Keras 3 prints "
+            "through rich at the terminal's width); run model.summary() with COLUMNS=200 "
+            "in the environment")
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     raise SummaryParseError(
         "not a recognised model summary (torchinfo, torchsummary, print(model), Keras, "

@@ -15,7 +15,8 @@ from estimators.recognition import recognise
 
 CORPUS = Path(__file__).resolve().parents[2] / "estimators" / "data" / "corpus"
 FILES = sorted(p for p in CORPUS.iterdir() if p.suffix == ".txt")
-TRANSFORMERS = [p for p in FILES if not p.name.startswith(("flax_cnn", "resnet", "vgg"))]
+NOT_TRANSFORMERS = ("flax_cnn", "resnet", "keras3_resnet", "vgg")
+TRANSFORMERS = [p for p in FILES if not p.name.startswith(NOT_TRANSFORMERS)]
 
 # file stem prefix -> (family, self-attention layers, cross-attention layers)
 EXPECTED = {
@@ -140,3 +141,30 @@ def test_recognition_is_fast_on_a_big_model() -> None:
     for _ in range(5):
         recognise(s)
     assert (time.perf_counter() - t0) / 5 < 0.5
+
+
+def test_cnns_in_the_corpus() -> None:
+    for name in ("flax_cnn.tabulate.txt", "flax_cnn_rich.tabulate.txt",
+                 "keras3_resnet50.summary.txt", "resnet50.torchinfo_d10.txt"):
+        s = read_summary_file(CORPUS / name)
+        rec = recognise(s)
+        assert rec.kind == "cnn" and not rec.attention, name
+        assert estimate(s, batch_size=32).uncertainty["bucket"] == "cnn", name
+
+
+def test_rich_styled_flax_table_parses() -> None:
+    """Flax's nn.tabulate prints through rich with a forced terminal: a redirected
+    table carries ANSI codes, which are stripped."""
+    s = read_summary_file(CORPUS / "flax_cnn_rich.tabulate.txt")
+    assert "\x1b" in (CORPUS / "flax_cnn_rich.tabulate.txt").read_text()
+    assert s.format == "flax" and s.total_params == 824_458
+    assert s.meta["summary_batch"] == "128"
+
+
+def test_keras_table_cut_by_the_console_is_refused_clearly() -> None:
+    from estimators import SummaryParseError
+
+    text = "\n".join(ln[:80] for ln in
+                     (CORPUS / "keras3_resnet50.summary.txt").read_text().splitlines())
+    with pytest.raises(SummaryParseError, match="COLUMNS"):
+        parse_summary(text)
