@@ -246,12 +246,11 @@ class Replayer:
                 r.jobs[job.name] = jid
 
     def _states(self, slurm: SlurmCli) -> dict[str, str]:
-        cp = slurm.run("squeue", "-h", "-t", "all", "-o", "%i|%T", check=False)
-        out = {}
-        for line in cp.stdout.splitlines():
-            jid, _, state = line.partition("|")
-            out[jid.strip()] = state.strip()
-        return out
+        # squeue --json lists every job the controller still holds, finished ones too
+        try:
+            return {str(jid): job.state for jid, job in slurm.jobs().items()}
+        except SlurmError:
+            return {}  # a slow controller: the caller polls again
 
     def _wait(self, r: PolicyRun, slurm: SlurmCli) -> None:
         ids = {str(j) for j in r.jobs.values()}

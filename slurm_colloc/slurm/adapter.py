@@ -203,7 +203,7 @@ class SlurmCli(SlurmAdapter):
             raise SlurmError(f"{name}: not found on PATH (is slurm-client installed?)")
         return found
 
-    def run(
+    def _run(
         self, tool: str, *args: str, input_text: str | None = None, check: bool = True,
         timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
@@ -232,7 +232,7 @@ class SlurmCli(SlurmAdapter):
     def submit(
         self, script: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
     ) -> int:
-        cp = self.run("sbatch", "--parsable", *args, input_text=script)
+        cp = self._run("sbatch", "--parsable", *args, input_text=script)
         out = cp.stdout.strip().split(";")[0]
         try:
             return int(out)
@@ -240,7 +240,7 @@ class SlurmCli(SlurmAdapter):
             raise SlurmError(f"sbatch printed no job id: {cp.stdout!r} {cp.stderr!r}") from e
 
     def jobs(self) -> dict[int, SlurmJob]:
-        cp = self.run("squeue", "--json")
+        cp = self._run("squeue", "--json")
         try:
             return parse_jobs(cp.stdout)
         except SqueueJsonError as e:
@@ -250,7 +250,7 @@ class SlurmCli(SlurmAdapter):
         # JSON, never --parsable2: its '|' and newlines are not escaped (issue 11, M6)
         if not job_ids:
             return []
-        cp = self.run(
+        cp = self._run(
             "sacct", *sacct_json.SACCT_JSON_ARGS, "--jobs", ",".join(str(j) for j in job_ids),
         )
         return sacct_json.parse(cp.stdout)
@@ -268,14 +268,14 @@ class SlurmCli(SlurmAdapter):
             raise SlurmError(f"not a user name: {user[:40]!r}")
         days = max(1, int(since_days))
         window = (f"--user={user}", f"--starttime=now-{days}days", "--endtime=now", "--state=CD")
-        ids_cp = self.run("sacct", "--allocations", "--noheader", "--parsable2", *window,
+        ids_cp = self._run("sacct", "--allocations", "--noheader", "--parsable2", *window,
                           "--format=JobIDRaw", timeout=timeout)
         ids = list(dict.fromkeys(
             ln.strip() for ln in ids_cp.stdout.splitlines() if ln.strip().isdigit()))
         ids = ids[-MAX_HISTORY_JOBS:]  # the newest
         if not ids:
             return []
-        cp = self.run("sacct", *sacct_json.SACCT_JSON_ARGS, "--jobs", ",".join(ids), *window,
+        cp = self._run("sacct", *sacct_json.SACCT_JSON_ARGS, "--jobs", ",".join(ids), *window,
                       timeout=timeout)
         return [
             r for r in sacct_json.parse(cp.stdout, warn=warn)
@@ -291,12 +291,12 @@ class SlurmCli(SlurmAdapter):
         args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
         args += [f"--endtime={until}"] if until else []
         args += [f"--user={user}"] if user else ["--allusers"]
-        cp = self.run("sacct", *args)
+        cp = self._run("sacct", *args)
         recs = sacct_json.parse(cp.stdout, warn=warn)
         return [r for r in recs if user is None or r.fields.get("User") == user]
 
     def controller_config(self) -> dict[str, str]:
-        cp = self.run("scontrol", "show", "config")
+        cp = self._run("scontrol", "show", "config")
         out = {}
         for line in cp.stdout.splitlines():
             k, eq, v = line.partition("=")
@@ -305,31 +305,31 @@ class SlurmCli(SlurmAdapter):
         return out
 
     def sbatch_help(self) -> str:
-        return self.run("sbatch", "--help", check=False).stdout
+        return self._run("sbatch", "--help", check=False).stdout
 
     def update_job(self, job_id: int | str, **settings: str) -> None:
         pairs = (f"{k}={v}" for k, v in settings.items())
-        self.run("scontrol", "update", f"jobid={job_id}", *pairs)
+        self._run("scontrol", "update", f"jobid={job_id}", *pairs)
 
     def requeue(self, job_id: int | str, *, hold: bool = False) -> None:
-        self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+        self._run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
 
     def release(self, job_id: int | str) -> None:
-        self.run("scontrol", "release", str(job_id))
+        self._run("scontrol", "release", str(job_id))
 
     def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
-        self.run(
+        self._run(
             "sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
             f"AdminComment={value}",
         )
 
     def nodes(self) -> list[dict[str, Any]]:
-        cp = self.run("scontrol", "-o", "show", "nodes")
+        cp = self._run("scontrol", "-o", "show", "nodes")
         return [dict(r) for r in _kv_records(cp.stdout)]
 
     def cancel(self, job_ids: Sequence[int | str]) -> None:
         if job_ids:
-            self.run("scancel", *(str(j) for j in job_ids), check=False)
+            self._run("scancel", *(str(j) for j in job_ids), check=False)
 
 
 
