@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from html import escape
 
 from slurm_colloc.metrics.store import Series
+from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.model import SOURCE_ACCOUNTING, AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 
@@ -331,13 +332,6 @@ def _svg(body: list[str], role: str, h: int) -> str:
 
 # ------------------------------------------------------------------------- the page ---
 
-def _hms(s: int | None) -> str:
-    if s is None:
-        return "?"
-    d, rem = divmod(int(s), 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
 
 
 def request_text(rep: JobReport) -> str:
@@ -366,7 +360,7 @@ def render(rep: JobReport) -> str:
     state = rep.state + (" (so far)" if state_class(rep.state) == "run" else "")
     for k, v, cls in (("User", rep.user, ""), ("State", state, state_class(rep.state)),
                       ("Exit code", rep.exit_code, ""), ("Node", rep.node, ""),
-                      ("Elapsed", _hms(rep.elapsed_s), ""),
+                      ("Elapsed", hms(rep.elapsed_s), ""),
                       ("Request", request_text(rep), "wrap"),
                       ("Attempts", str(len(rep.attempts)), "")):
         c = f' class="{cls}"' if cls else ""

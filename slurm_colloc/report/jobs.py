@@ -22,6 +22,7 @@ from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.oom.patterns import GPU_CRASH_CAUSES
+from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.inquirer import JobQuery, JobRow
 from slurm_colloc.report.model import SCHEMA_VERSION
 
@@ -178,13 +179,6 @@ def _sort_key(job_id: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def _hms(s: int | None) -> str:
-    if s is None:
-        return "-"
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
 
 
 def _g(mib: int | None) -> str:
@@ -213,7 +207,7 @@ def render(t: JobTable) -> Any:
         err = "-" if j.estimate_error_pct is None else f"{j.estimate_error_pct:+.0f}%"
         tab.add_row(
             safe(j.job_id), safe(j.user), safe(j.name[:24]),
-            safe(j.state, style=_outcome_style(j.state)), _hms(j.elapsed_s), str(j.attempts),
+            safe(j.state, style=_outcome_style(j.state)), hms(j.elapsed_s, "-"), str(j.attempts),
             _g(j.limit_mib), _g(j.estimate_mib), _g(j.peak_mib), Text(eff, style=eff_style),
             err, "-" if j.sm_activity is None else f"{j.sm_activity:.0%}",
             Text(str(j.ooms), style="red" if j.ooms else ""),

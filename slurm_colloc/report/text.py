@@ -20,6 +20,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.model import AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 
@@ -40,13 +41,6 @@ def safe(value: object, style: str = "") -> Text:
     return Text(clean(value), style=style)
 
 
-def _hms(s: int | None) -> str:
-    if s is None:
-        return "?"
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
 
 
 def bar(label: str, frac: float | None, right: str, *, warn: float = 0.9,
@@ -207,7 +201,7 @@ def _header(rep: JobReport) -> Table:
         state.append(clean(f"  (exit {rep.exit_code})"))
     head.add_row("State", state)
     head.add_row("Node", safe(rep.node or "?"))
-    head.add_row("Elapsed", _hms(rep.elapsed_s))
+    head.add_row("Elapsed", hms(rep.elapsed_s))
     head.add_row("Attempts", str(len(rep.attempts)))
     if rep.request:
         head.add_row("Request", safe(rep.request))
