@@ -168,8 +168,8 @@ def main() -> int:
     mods = {module_name(p): imports(p) for p in paths}
     findings = check_layers(mods) + check_cycles(mods) + check_lengths(paths)
     for f in findings:
-        print(f)
-    print(f"architecture: {len(mods)} modules, {len(findings)} findings", file=sys.stderr)
+        sys.stdout.write(f + "\n")
+    sys.stderr.write(f"architecture: {len(mods)} modules, {len(findings)} findings\n")
     return 1 if findings else 0
 
 
