@@ -1,0 +1,66 @@
+"""Where a replay's time went, per run and policy, from the committed run CSVs.
+
+    python benchmarks/replay_breakdown.py TRACE [--results DIR] [--out FILE]
+
+For every ``<results>/<TRACE>/x<scale>/run<N>/``: per policy, the median and mean
+*stretch* of completed jobs (last attempt's run time / solo work: interference and
+time slicing; 1.0 = as fast as alone), the trace hours from the first start of a
+multi-GPU job to the end of the last one (exclusive-node jobs), the makespan, and the
+share of the makespan before the first multi-GPU job started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def breakdown(run_dir: Path, name: str) -> dict[str, dict[str, float]]:
+    """Per policy figures of one run."""
+    jobs = pd.read_csv(run_dir / f"{name}_jobs.csv")
+    tr = pd.read_csv(run_dir / f"{name}_trace.csv")
+    if "gpus" not in tr:
+        tr["gpus"] = 1
+    j = jobs.merge(tr[["name", "work_s", "gpus"]], left_on="job", right_on="name")
+    out: dict[str, dict[str, float]] = {}
+    for policy, g in j.groupby("policy"):
+        done = g[g.state == "COMPLETED"]
+        # single-attempt jobs only: a requeued job's start_h is its first attempt's
+        one = done[done.attempts == 1]
+        stretch = (one.end_h - one.start_h) / (one.work_s / 3600.0)
+        multi = g[g.gpus > 1]
+        r = {"makespan_h": round(float(g.end_h.max()), 3),
+             "stretch_median": round(float(stretch.median()), 3),
+             "stretch_mean": round(float(stretch.mean()), 3)}
+        if len(multi):
+            r["multi_gpu_first_start_h"] = round(float(multi.start_h.min()), 3)
+            r["multi_gpu_last_end_h"] = round(float(multi.end_h.max()), 3)
+            r["multi_gpu_span_h"] = round(float(multi.end_h.max() - multi.start_h.min()), 3)
+        out[str(policy)] = r
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print (and optionally write) the JSON: run dir -> policy -> figures."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    runs = sorted((a.results / a.trace).glob(f"x*/run*/{a.trace}_jobs.csv"))
+    r = {str(p.parent.relative_to(a.results)): breakdown(p.parent, a.trace) for p in runs}
+    text = json.dumps(r, indent=1)
+    if a.out:
+        a.out.write_text(text + "\n")
+    sys.stdout.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
