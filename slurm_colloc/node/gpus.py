@@ -37,7 +37,7 @@ def boot_id() -> str:
 def _load(path: Path, boot: str) -> GpuMap | None:
     try:
         data = json.loads(read_small_file(path, owner=os.geteuid(), limit=1 << 16))
-        if not boot or data.get("boot_id") != boot:
+        if not isinstance(data, dict) or not boot or data.get("boot_id") != boot:
             return None
         return GpuMap.from_gpus([GpuInfo(**g) for g in data["gpus"]])
     except (OSError, ValueError, KeyError, TypeError):

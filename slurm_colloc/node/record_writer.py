@@ -48,7 +48,8 @@ def write_when_finished(
         # the end time too: slurmdbd that was down gets the job-end record queued by
         # slurmctld after the state already reads final, and that late record rewrote
         # an AdminComment written in between (seen killing slurmdbd mid-run)
-        if (recs and recs[-1].state.split()[0] in TERMINAL_STATES
+        state = (recs[-1].state.split() or [""])[0] if recs else ""  # "" when not recorded
+        if (state in TERMINAL_STATES
                 and recs[-1].fields.get("End", "Unknown") != "Unknown"):
             break
         time.sleep(pause)
@@ -56,10 +57,10 @@ def write_when_finished(
     for attempt in range(TRIES):
         try:
             adapter.set_admin_comment_finished(job_id, text)
-        except SlurmError as e:
+            recs = adapter.accounting([job_id])
+        except SlurmError as e:  # sacctmgr or the read-back: both worth another try
             last = str(e)
         else:
-            recs = adapter.accounting([job_id])
             if any(r.fields.get("AdminComment", "").lower() == want for r in recs):
                 return f"written ({len(text)} bytes, try {attempt + 1})"
             last = "read back a different value"

@@ -197,11 +197,8 @@ def test_unusable_cache_is_rebuilt(nvml, content: str) -> None:
     assert json.loads(cache.read_text())["boot_id"] == "boot-1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a cache that is JSON but not an object (a list, a number) raises "
-    "AttributeError from _load instead of being treated as unusable and rebuilt",
-)
+# was a bug (fixed): a cache that is JSON but not an object (a list, a number) raises
+# AttributeError from _load instead of being treated as unusable and rebuilt
 @pytest.mark.parametrize("content", ["[1, 2]", "42", "null"])
 def test_cache_that_is_not_an_object_is_rebuilt(nvml, content: str) -> None:
     cfg, calls, _, cache = nvml

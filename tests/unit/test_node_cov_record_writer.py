@@ -159,22 +159,16 @@ def test_gives_up_after_tries_with_last_error(clock: FakeClock) -> None:
     assert len(dbd.writes) == record_writer.TRIES
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a SlurmError from the read-back sacct is not retried (the wait loop "
-    "treats the same error as transient); the writer gives up on the first try",
-)
+# was a bug (fixed): a SlurmError from the read-back sacct is not retried (the wait loop
+# treats the same error as transient); the writer gives up on the first try
 def test_transient_read_back_failure_is_retried(clock: FakeClock) -> None:
     dbd = FakeDbd([[rec("FAILED")]], readback_errors=1)
     out = record_writer.write_when_finished(dbd, JOB, "x", wait=5)
     assert out.startswith("written")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a sacct record with an empty State (sacct_json gives '' for a missing "
-    "state.current) raises IndexError in the wait loop instead of waiting on",
-)
+# was a bug (fixed): a sacct record with an empty State (sacct_json gives '' for a missing
+# state.current) raises IndexError in the wait loop instead of waiting on
 def test_record_without_state_is_waited_on(clock: FakeClock) -> None:
     dbd = FakeDbd([[rec("", end="Unknown")], [rec("FAILED")]])
     out = record_writer.write_when_finished(dbd, JOB, "x", wait=5, pause=1.0)
