@@ -459,6 +459,7 @@ def transformer_table() -> str:
              f"{'med-over':>8} {'worst-under':>11}  (tensors; constants and margin fitted "
              "without the family)"]
     allp: list[tuple[float, float]] = []
+    by_depth: dict[int, list[tuple[float, float]]] = {}
     for fam in fams:
         train = [r for r in runs if r.family != fam]
         c = attention_fit.fit_coefficients(train)
@@ -471,6 +472,7 @@ def transformer_table() -> str:
             for r in test:
                 _, a = attention_fit.split_parts(c, r.x_est)
                 pairs.append((k_p * r.x_est[0] + a * (1 + rel), r.traced_mib))
+                by_depth.setdefault(r.layers, []).append(pairs[-1])
             allp += pairs
             m = metrics([e for e, _ in pairs], [t for _, t in pairs])
             lines.append(f"{fam:<10} {impl:<6} {m['n']:>4} {m['ok']:>9.1%} {m['med']:>+8.1%} "
@@ -478,6 +480,10 @@ def transformer_table() -> str:
     m = metrics([e for e, _ in allp], [t for _, t in allp])
     lines.append(f"{'all':<10} {'':<6} {m['n']:>4} {m['ok']:>9.1%} {m['med']:>+8.1%} "
                  f"{m['med_over']:>+8.1%} {m['worst']:>+11.1%}")
+    for depth, pairs in sorted(by_depth.items()):
+        m = metrics([e for e, _ in pairs], [t for _, t in pairs])
+        lines.append(f"{f'{depth} layers':<10} {'':<6} {m['n']:>4} {m['ok']:>9.1%} "
+                     f"{m['med']:>+8.1%} {m['med_over']:>+8.1%} {m['worst']:>+11.1%}")
     cal = load_calibration().attention
     lines.append("shipped constants (all families): " + ", ".join(
         f"{k} {cal[k]:.3g}" for k in ("score_bytes", "nodrop_bytes", "rel_factor",

@@ -85,7 +85,8 @@ selects SDPA/flash (Hugging Face's eager path: softmax, dropout mask and output)
 
 _ATTN_NAME = re.compile(r"(attention|attn|^mhsa\w*$|^\w*selfatt\w*$)", re.IGNORECASE)
 _NOT_CORE = re.compile(
-    r"(squeeze|excite|^se\w*|cbam|eca|channel|spatialatt|pool|output$|gate|"
+    r"(squeeze|excite|^se(_?module|_?block|_?layer)?$|cbam|^eca|channel|spatialatt|pool|"
+    r"output$|gate|"
     r"layernorm|norm$|dropout|drop$|^attn_?(drop|norm|proj|out)|linear|conv1d|conv2d)",
     re.IGNORECASE)
 """Attention-named rows that build no token x token tensor (channel / pooling
@@ -255,20 +256,15 @@ def recognise(summary: ModelSummary) -> Recognition:
             if (_is_core_by_name(r) or (kids[i] and _qkv_children(rows, kids[i]))
                 or (r.leaf and r.params > 0 and _TRANSFORMER_LAYER.search(r.type)))
             and not (r.depth == 0 and not r.leaf)]
-    cset = set(cand)
-    inner: list[int] = []
-    for i in cand:
-        # a candidate with a candidate descendant is a wrapper (BertAttention)
-        j, end = i + 1, len(rows)
-        wrapper = False
-        while j < end and rows[j].depth > rows[i].depth:
-            if j in cset:
-                wrapper = True
-                break
-            j += 1
-        if not wrapper:
-            inner.append(i)
     parent = _parents(rows)
+    # a candidate with a candidate below it is a wrapper (BertAttention around
+    # BertSelfAttention): one reverse pass marks every row above a candidate
+    cset = set(cand)
+    above = [False] * len(rows)
+    for i in range(len(rows) - 1, -1, -1):
+        if (i in cset or above[i]) and parent[i] >= 0:
+            above[parent[i]] = True
+    inner = [i for i in cand if not above[i]]
     model_width = _modal_width(summary)
     cores: list[AttentionCore] = []
     impl: str | None = None

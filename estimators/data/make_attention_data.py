@@ -8,6 +8,8 @@ Run it in a separate environment, never the project's venv::
     nice -n 10 /opt/colloc-est-venv/bin/python estimators/data/make_attention_data.py measure
     nice -n 10 /opt/colloc-est-venv/bin/python estimators/data/make_attention_data.py \
         measure --layers 6
+    nice -n 10 /opt/colloc-est-venv/bin/python estimators/data/make_attention_data.py \
+        measure --layers 12 --seqs 512 bert roberta gpt2 xlnet
     /opt/colloc-est-venv/bin/python estimators/data/make_attention_data.py corpus
 
 ``measure`` writes ``estimators/data/attention_measurements.csv`` and, for every model
@@ -19,7 +21,10 @@ built from configs (no weights) under ``FakeTensorMode`` with
 accounting of what autograd keeps, without a GPU. Each family is measured with
 ``attn_implementation="eager"`` and ``"sdpa"`` where the model supports it, at
 sequence lengths 128-4096 and several batch sizes. Models have two layers (the
-per-layer terms are what the fit needs) at their real widths, head counts and vocabularies.
+per-layer terms are what the fit needs) at their real widths, head counts and
+vocabularies; six layers at two lengths separate the per-layer terms from the heads,
+and twelve (BERT-base, RoBERTa-base, GPT-2 small, XLNet at base width... as built by
+``families``) check the extrapolation to full depth.
 
 ``sdpa`` on a CPU runs PyTorch's CPU flash kernel only without dropout; with dropout it
 falls back to the math path, which keeps ``heads x seq^2`` tensors like eager. CUDA's
@@ -365,6 +370,8 @@ def main() -> int:
         if args[:1] == ["--layers"]:
             layers, args = int(args[1]), args[2:]
             seqs = SEQS_DEEP
+        if args[:1] == ["--seqs"]:
+            seqs, args = tuple(int(x) for x in args[1].split(",")), args[2:]
         measure(layers, seqs, set(args) or None)
     elif what == "corpus":
         corpus()
