@@ -46,7 +46,13 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
-from estimators import attention_fit, estimate, parse_summary, read_summary_file  # noqa: E402
+from estimators import (  # noqa: E402
+    attention_fit,
+    estimate,
+    layer_aware,
+    parse_summary,
+    read_summary_file,
+)
 from estimators.base import Job  # noqa: E402
 from estimators.calibration import Row, fit, fit_quantile, hides_blocks  # noqa: E402
 from estimators.features import compute  # noqa: E402
@@ -565,6 +571,7 @@ def main() -> int:
         doc["attention"] = attention_fit.fit(attention_fit.load(),
                                              k_params=load_calibration().k_params)
         CALIBRATION_FILE.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        layer_aware._cached = None  # the tables below use the new constants
         print(f"wrote the attention section of {CALIBRATION_FILE.relative_to(REPO)}: "
               + ", ".join(f"{k} {v:.4g}" for k, v in doc["attention"].items()))
         args.transformers_only = True
