@@ -41,6 +41,7 @@ LONG_OK = {
     # table-driven parsers: one branch per row format of the tool they read
     "estimators.parsers.pytorch_print.parse",
     "estimators.parsers.torchinfo.parse",
+    "estimators.parsers.flax.parse",
 }
 
 
