@@ -6,7 +6,8 @@ For every ``<results>/<TRACE>/x<scale>/run<N>/``: per policy, the median and mea
 *stretch* of completed jobs (last attempt's run time / solo work: interference and
 time slicing; 1.0 = as fast as alone), the trace hours from the first start of a
 multi-GPU job to the end of the last one (exclusive-node jobs), the makespan, and the
-share of the makespan before the first multi-GPU job started.
+share of GPU samples idle while a job waited, over the whole run and before the first
+multi-GPU job started (Slurm latency plus draining the node for it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from slurm_colloc.bench.metrics import idle_while_queued
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -27,6 +30,7 @@ def breakdown(run_dir: Path, name: str) -> dict[str, dict[str, float]]:
     tr = pd.read_csv(run_dir / f"{name}_trace.csv")
     if "gpus" not in tr:
         tr["gpus"] = 1
+    ts = pd.read_csv(run_dir / f"{name}_gpu_timeseries.csv")
     j = jobs.merge(tr[["name", "work_s", "gpus"]], left_on="job", right_on="name")
     out: dict[str, dict[str, float]] = {}
     for policy, g in j.groupby("policy"):
@@ -38,7 +42,14 @@ def breakdown(run_dir: Path, name: str) -> dict[str, dict[str, float]]:
         r = {"makespan_h": round(float(g.end_h.max()), 3),
              "stretch_median": round(float(stretch.median()), 3),
              "stretch_mean": round(float(stretch.mean()), 3)}
+        waits = list(zip(g.submit_h, g.start_h, strict=True))
+        s = ts[(ts.policy == policy) & (ts.t_h <= float(g.end_h.max()))]
+        samples = list(zip(s.t_h, s.processes, strict=True))
+        r["idle_while_waiting"] = round(idle_while_queued(samples, waits), 4)
         if len(multi):
+            cut = float(multi.start_h.min())
+            r["idle_while_waiting_before_multi_gpu"] = round(
+                idle_while_queued([x for x in samples if x[0] < cut], waits), 4)
             r["multi_gpu_first_start_h"] = round(float(multi.start_h.min()), 3)
             r["multi_gpu_last_end_h"] = round(float(multi.end_h.max()), 3)
             r["multi_gpu_span_h"] = round(float(multi.end_h.max() - multi.start_h.min()), 3)
