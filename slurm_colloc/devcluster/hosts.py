@@ -105,16 +105,21 @@ exec "$@"
 """
 
 
-def _kept_under_tmp(layout: Layout) -> list[Path]:
-    """Directories under /tmp that every host must still see: colloc's own
-    environment and source (a CI checkout may live in /tmp) - the host's private /tmp
-    would hide them, and with them the Prolog/Epilog console scripts."""
+def colloc_paths() -> list[Path]:
+    """colloc's own environment and source tree."""
     import sys
 
     import slurm_colloc
 
+    return [Path(sys.prefix), Path(slurm_colloc.__file__).resolve().parents[1]]
+
+
+def _kept_under_tmp(layout: Layout) -> list[Path]:
+    """Directories under /tmp that every host must still see: colloc's own
+    environment and source (a CI checkout may live in /tmp) - the host's private /tmp
+    would hide them, and with them the Prolog/Epilog console scripts."""
     keep = []
-    for p in (Path(sys.prefix), Path(slurm_colloc.__file__).resolve().parents[1]):
+    for p in colloc_paths():
         try:
             rel = p.resolve().relative_to(layout.tmp)
         except ValueError:

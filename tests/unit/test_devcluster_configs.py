@@ -136,10 +136,12 @@ def test_a_checkout_under_tmp_stays_visible_on_every_host(monkeypatch: pytest.Mo
     spec = Spec(nodes=2, ctld_port=25817)
     layout = Layout(Path("/r"))
     node = spec.node_plans()[0]
-    monkeypatch.setattr(sys, "prefix", "/tmp/ci/main/.venv")
+    monkeypatch.setattr(hosts, "colloc_paths",
+                        lambda: [Path("/tmp/ci/main/.venv"), Path("/tmp/ci/main")])
     argv = list(hosts.slurmd_argv(spec, layout, node))
     pre = argv.index("/tmp/ci")
     assert argv[pre + 1] == f"/r/nodes/{node.name}/tmp/ci"
     assert pre < argv.index(f"/r/nodes/{node.name}/tmp")  # before /tmp is replaced
-    monkeypatch.setattr(sys, "prefix", "/opt/venv")
+    monkeypatch.setattr(hosts, "colloc_paths", lambda: [Path("/opt/venv"), Path("/srv/colloc")])
     assert "/tmp/ci" not in hosts.slurmd_argv(spec, layout, node)
+    assert sys.prefix  # the real paths are what a cluster started from this process uses
