@@ -14,12 +14,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_colloc.accounting.codec import try_decode
-from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
-from slurm_colloc.oom.patterns import GPU_CRASH_CAUSES
 from slurm_colloc.report.inquirer import JobRow
+from slurm_colloc.report.usage import attempt_usage, job_records
 
 
 @dataclass
@@ -75,27 +73,14 @@ class _JobFold:
 
 def _fold_job(lines: list[JobRow], spg: int) -> _JobFold | None:
     """A colloc job's figures from its accounting lines; None for a non-colloc job."""
-    rec = None
-    sub = None
-    for ln in lines:
-        rec = try_decode(ln.admin_comment) or rec
-        sub = sub or parse_record(ln.admin_comment)
+    rec, sub = job_records(lines)
     if rec is None and sub is None:
         return None
     f = _JobFold()
     attempts = rec.attempts if rec else ()
-    for i, a in enumerate(attempts):
-        el = lines[i].elapsed_s if len(lines) == len(attempts) else None
-        if el is None and a.start and a.end:
-            el = a.end - a.start
-        hours = (el or 0) / 3600
-        shards = a.shards or spg
-        if shards < spg:
-            f.collocated = True
-            f.hours_saved += hours * (1 - shards / spg)
-        f.hours_used += hours * min(1.0, shards / spg)
-        if a.oom and a.oom.cause in GPU_CRASH_CAUSES:
-            f.oom_crashes += 1
+    u = attempt_usage(lines, attempts, spg)
+    f.collocated, f.hours_saved, f.hours_used = u.shared, u.gpu_hours_saved, u.gpu_hours
+    f.oom_crashes = u.gpu_crashes
     if not attempts and sub is not None and sub.shards < spg:
         f.collocated = True
     # latest attempt: sacct does not order them; one not started yet is the latest

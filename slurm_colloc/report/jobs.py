@@ -17,14 +17,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_colloc.accounting.codec import try_decode
-from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import config_budget
-from slurm_colloc.oom.patterns import GPU_CRASH_CAUSES
 from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.inquirer import JobQuery, JobRow
 from slurm_colloc.report.model import SCHEMA_VERSION
+from slurm_colloc.report.usage import attempt_usage, job_records
 
 DEFAULT_SHARDS_PER_GPU = 40
 """Assumed when ``gpu_memory_mib = 0`` (the table says so)."""
@@ -92,11 +90,7 @@ class JobTable:
 def _line(lines: list[JobRow], spg: int) -> JobLine:
     """One job's row from its accounting lines (oldest attempt first)."""
     last = lines[-1]
-    rec = None
-    sub = None
-    for ln in lines:
-        rec = try_decode(ln.admin_comment) or rec
-        sub = sub or parse_record(ln.admin_comment)
+    rec, sub = job_records(lines)
     out = JobLine(job_id=last.shown_id, raw_id=last.job_id, user=last.user,
                   account=last.account, name=last.name, state=last.state,
                   elapsed_s=sum(ln.elapsed_s or 0 for ln in lines) if any(
@@ -110,17 +104,8 @@ def _line(lines: list[JobRow], spg: int) -> JobLine:
         out.estimator = sub.estimator or sub.mode
     attempts = rec.attempts if rec else ()
     out.attempts = max(out.attempts, len(attempts))
-    for i, a in enumerate(attempts):
-        el = lines[i].elapsed_s if len(lines) == len(attempts) else None
-        if el is None and a.start and a.end:
-            el = a.end - a.start
-        hours = max(0, el or 0) / 3600
-        shards = a.shards or spg
-        out.gpu_hours += hours * min(1.0, shards / spg)
-        if shards < spg:
-            out.gpu_hours_saved += hours * (1 - shards / spg)
-        if a.oom and a.oom.cause in GPU_CRASH_CAUSES:
-            out.ooms += 1
+    u = attempt_usage(lines, attempts, spg)
+    out.gpu_hours, out.gpu_hours_saved, out.ooms = u.gpu_hours, u.gpu_hours_saved, u.gpu_crashes
     if attempts and attempts[0].estimate and attempts[0].estimate.mib:
         out.estimate_mib = attempts[0].estimate.mib
         out.estimator = attempts[0].estimate.estimator
