@@ -7,7 +7,7 @@ allocator's rounding), attention score tensors, the largest single activation
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from estimators.layers import (
     CATEGORIES,
@@ -17,7 +17,7 @@ from estimators.layers import (
     is_primitive,
     leaf_category,
 )
-from estimators.model import ModelSummary
+from estimators.model import Layer, ModelSummary
 from estimators.physics import MIB, SegmentPacker, activation_bytes_per_elem, param_bytes
 
 DEFAULT_SEQ_LEN = 512
@@ -134,96 +134,146 @@ def compute(summary: ModelSummary, batch_size: int, seq_len: int | None, optimiz
     the layers from index ``decoder_start`` on (the decoder and its head) use
     ``decoder_seq``."""
     scale, eff_seq, assumed = seq_scale(summary, seq_len)
-    bpe = activation_bytes_per_elem(precision)
-    per_elem = batch_size * bpe * scale
-    packers = {c: SegmentPacker() for c in CATEGORIES}
-    largest = 0.0
-    scores = 0.0
-    parents: list[str] = []  # type of the enclosing row at each depth
-    attention_rows = 0
-    conv_layers = 0
-    std_conv = False
-    custom_params = False
-    hidden_params = 0
-    hidden_containers = 0
     # only torchinfo cuts blocks off, and only at the table's deepest level
     table_depth = max((la.depth for la in summary.layers), default=0)
-    cut_depth = table_depth if summary.format == "torchinfo" else -1
+    walk = _Walk(batch_size=batch_size, bpe=activation_bytes_per_elem(precision),
+                 scale=scale, cut_depth=table_depth if summary.format == "torchinfo" else -1)
+    parents: list[str] = []  # type of the enclosing row at each depth
     for index, layer in enumerate(summary.layers):
         if decoder_start is not None and index == decoder_start and decoder_seq:
             eff_seq = decoder_seq
-        attention_rows += category(layer.type) == "attention"
-        del parents[layer.depth:]
-        parent = parents[-1] if parents else ""
-        parents.extend([layer.type] * (layer.depth + 1 - len(parents)))
-        n = layer.out_elems(eff_seq)
-        hidden = (layer.leaf and layer.depth == cut_depth and layer.params > 0
-                  and not is_primitive(layer.type))
+        walk.row(layer, _enclosing_type(parents, layer), eff_seq)
+    pb = param_bytes(summary.total_params, summary.trainable_params, optimizer, precision)
+    return Features(
+        act={c: p.reserved() / MIB for c, p in walk.packers.items()},
+        attn_scores=walk.scores,
+        largest=walk.largest / MIB,
+        params={k: v / MIB for k, v in pb.items()},
+        seq_len=eff_seq,
+        seq_assumed=assumed,
+        attention_rows=walk.attention_rows,
+        hidden_share=(walk.hidden_params / summary.total_params
+                      if summary.total_params else 0.0),
+        hidden_containers=walk.hidden_containers,
+        table_depth=table_depth,
+        conv_layers=walk.conv_layers,
+        std_conv=walk.std_conv,
+        custom_params=walk.custom_params,
+    )
+
+
+def _enclosing_type(parents: list[str], layer: Layer) -> str:
+    """Type of the row enclosing ``layer`` ("" at the top), keeping ``parents`` (the
+    type of the enclosing row at each depth) in step with the pre-order walk: tables
+    give depths, not parent links, and ``attn_probs`` needs to know the parent."""
+    del parents[layer.depth:]
+    parent = parents[-1] if parents else ""
+    parents.extend([layer.type] * (layer.depth + 1 - len(parents)))
+    return parent
+
+
+def _new_packers() -> dict[str, SegmentPacker]:
+    """One allocator-pool packer per category, in :data:`CATEGORIES` order (the order
+    of :attr:`Features.act`)."""
+    return {c: SegmentPacker() for c in CATEGORIES}
+
+
+@dataclass
+class _Walk:
+    """One pass over a summary's rows for one job: the job's scale factors and the
+    running totals :class:`Features` is built from. Mutable on purpose: the rows are
+    visited once, in order, and each adds to the totals."""
+
+    batch_size: int
+    bpe: float
+    """Bytes per saved activation element (precision)."""
+    scale: float
+    """Activation scale of the requested sequence length over the summary's."""
+    cut_depth: int
+    """Depth at which torchinfo cut blocks off (-1: the format cuts nothing)."""
+    packers: dict[str, SegmentPacker] = field(default_factory=_new_packers)
+    largest: float = 0.0
+    scores: float = 0.0
+    attention_rows: int = 0
+    conv_layers: int = 0
+    std_conv: bool = False
+    custom_params: bool = False
+    hidden_params: int = 0
+    hidden_containers: int = 0
+
+    def row(self, layer: Layer, parent: str, seq: int | None) -> None:
+        """Add one row (leaf or container) seen at sequence length ``seq``. Score
+        tensors are counted before the model row is skipped: an attention module
+        shown as the whole model still keeps them."""
+        self.attention_rows += category(layer.type) == "attention"
+        n = layer.out_elems(seq)
         if has_token_scores(layer.type) and n:
-            groups, tokens, width = _attention_geometry(layer.output_shape, eff_seq,
-                                                        layer.width)
-            tokens = int(tokens * scale)
-            heads = max(1, width // HEAD_DIM)
-            scores += batch_size * groups * heads * tokens * tokens * bpe / MIB
+            self.scores += self._score_mib(layer.output_shape, seq, layer.width)
         if not n or (layer.depth == 0 and not layer.leaf):
-            continue  # the model row itself (tree formats)
-        nbytes = n * per_elem
+            return  # the model row itself (tree formats)
+        nbytes = n * (self.batch_size * self.bpe * self.scale)
         if not layer.leaf:
             # a container's outputs are its children's, unless it computes itself
             cat = leaf_category(layer.type, layer.params) if layer.params > 0 else "container"
-            packers[cat].add(nbytes)
-            continue
+            self.packers[cat].add(nbytes)
+            return
+        self._leaf(layer, parent, nbytes, seq)
+
+    def _leaf(self, layer: Layer, parent: str, nbytes: float, seq: int | None) -> None:
+        """Add a leaf's output: to its category, to ``attn_probs`` when it is the
+        square probability tensor inside an attention module, or, for a block the
+        table shows without its children, to the hidden-block pools."""
         cat = leaf_category(layer.type, layer.params)
-        custom_params = custom_params or (cat == "other" and layer.params > 0)
+        self.custom_params = self.custom_params or (cat == "other" and layer.params > 0)
         if cat == "conv":
-            conv_layers += 1
-            std_conv = std_conv or bool(_STD_CONV.search(layer.type))
+            self.conv_layers += 1
+            self.std_conv = self.std_conv or bool(_STD_CONV.search(layer.type))
         shape = layer.output_shape
         kind, width = _block_geometry(shape, layer.width, layer.params)
+        hidden = (layer.depth == self.cut_depth and layer.params > 0
+                  and not is_primitive(layer.type))
         if hidden and (cat in ("block", "attention") or is_composite(layer.type)
                        or (cat in ("act", "other") and layer.params >= width**2)):
             # a block shown without its children: attention modules, MLPs, gated
             # activations and unknown modules holding width x width matrices included
-            hidden_params += layer.params
-            hidden_containers += cat in ("block", "attention") or is_composite(layer.type)
-            # one output-sized tensor per width x width matrix its parameters pay for
-            # (a 3x3 convolution pays 9: a guess, hence a margin bucket of its own)
-            count = max(1, round(layer.params / width**2))
-            if kind == "map":
-                packers["hidden_conv"].add(nbytes, count=count)
-            else:
-                packers["hidden_tok"].add(nbytes, count=count)
-                if (count >= TRANSFORMER_LAYER_RATIO and shape is not None and len(shape) >= 2
-                        and not has_token_scores(layer.type)):
-                    # parameters of attention + MLP (4 + 8 width^2): its hidden score
-                    # tensors are counted as for a visible attention layer
-                    groups, tokens, _ = _attention_geometry(shape, eff_seq, layer.width)
-                    tokens = int(tokens * scale)
-                    heads = max(1, width // HEAD_DIM)
-                    scores += batch_size * groups * heads * tokens * tokens * bpe / MIB
-            largest = max(largest, nbytes)
-            continue
-        if (category(parent) == "attention" and cat in ("dropout", "softmax", "free", "other")
-                and shape is not None and len(shape) >= 2 and shape[-1] == shape[-2]):
-            cat = "attn_probs"
-        packers[cat].add(nbytes)
-        largest = max(largest, nbytes)
-    pb = param_bytes(summary.total_params, summary.trainable_params, optimizer, precision)
-    return Features(
-        act={c: p.reserved() / MIB for c, p in packers.items()},
-        attn_scores=scores,
-        largest=largest / MIB,
-        params={k: v / MIB for k, v in pb.items()},
-        seq_len=eff_seq,
-        seq_assumed=assumed,
-        attention_rows=attention_rows,
-        hidden_share=hidden_params / summary.total_params if summary.total_params else 0.0,
-        hidden_containers=hidden_containers,
-        table_depth=table_depth,
-        conv_layers=conv_layers,
-        std_conv=std_conv,
-        custom_params=custom_params,
-    )
+            self._hidden_block(layer, cat, nbytes, kind, width, seq)
+        else:
+            if (category(parent) == "attention"
+                    and cat in ("dropout", "softmax", "free", "other")
+                    and shape is not None and len(shape) >= 2 and shape[-1] == shape[-2]):
+                cat = "attn_probs"
+            self.packers[cat].add(nbytes)
+        self.largest = max(self.largest, nbytes)
+
+    def _hidden_block(self, layer: Layer, cat: str, nbytes: float, kind: str, width: int,
+                      seq: int | None) -> None:
+        """Add a block whose children the table cut off. Its parameters stand for what
+        it keeps: one output-sized tensor per width x width matrix they pay for (a 3x3
+        convolution pays 9: a guess, hence a margin bucket of its own)."""
+        self.hidden_params += layer.params
+        self.hidden_containers += cat in ("block", "attention") or is_composite(layer.type)
+        count = max(1, round(layer.params / width**2))
+        if kind == "map":
+            self.packers["hidden_conv"].add(nbytes, count=count)
+            return
+        self.packers["hidden_tok"].add(nbytes, count=count)
+        shape = layer.output_shape
+        if (count >= TRANSFORMER_LAYER_RATIO and shape is not None and len(shape) >= 2
+                and not has_token_scores(layer.type)):
+            # parameters of attention + MLP (4 + 8 width^2): its hidden score
+            # tensors are counted as for a visible attention layer
+            self.scores += self._score_mib(shape, seq, layer.width, heads_width=width)
+
+    def _score_mib(self, shape: tuple[int, ...] | None, seq: int | None,
+                   layer_width: int | None, heads_width: int | None = None) -> float:
+        """MiB of one ``heads x N x N`` score tensor per group of an attention output,
+        times the batch. Visible attention rows and hidden transformer blocks share it
+        so both count scores alike; a hidden block passes ``heads_width`` (its width
+        read from its parameters) instead of the output's channels."""
+        groups, tokens, channels = _attention_geometry(shape, seq, layer_width)
+        tokens = int(tokens * self.scale)
+        heads = max(1, (channels if heads_width is None else heads_width) // HEAD_DIM)
+        return self.batch_size * groups * heads * tokens * tokens * self.bpe / MIB
 
 
 TRANSFORMER_LAYER_RATIO = 10

@@ -291,6 +291,130 @@ def _refuse_if_too_shallow(summary: ModelSummary, f: Features) -> None:
         "the size with --colloc-mem")
 
 
+@dataclass
+class _Sized:
+    """What one of the two models (transformer or per-bucket) makes of a job: the
+    breakdown without the margin, the margin, and what the uncertainty reports."""
+
+    f: Features
+    """The features the breakdown used (the transformer model may recompute them
+    with the encoder's length)."""
+    parts: dict[str, float]
+    bucket: str
+    margin: float
+    interval: tuple[float, float]
+    """Measured/estimated ratio interval the 90% peak range is read from."""
+    attention: dict[str, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _with_unshown_params(summary: ModelSummary, rec: Recognition) -> ModelSummary:
+    """The summary with the parameters print(model) cannot show (XLNet's bare
+    attention projections) added, so weights, gradients and optimizer state pay for
+    them."""
+    if not rec.unshown_params:
+        return summary
+    total = summary.total_params + rec.unshown_params
+    return dataclasses.replace(summary, total_params=total, trainable_params=total)
+
+
+def _size_transformer(summary: ModelSummary, rec: Recognition, job: Job, f: Features,
+                      cal: Calibration) -> _Sized:
+    """The transformer model: attention memory from the recognised cores at the job's
+    implementation, the head's logits, the margin of the ``transformer`` bucket."""
+    impl, source = resolve_impl(rec, job.attention)
+    seq = f.seq_len or next((c.tokens for c in rec.cores if c.tokens), None) \
+        or DEFAULT_SEQ_LEN
+    enc = encoder_tokens(summary, rec, seq)
+    if enc and enc > seq:  # Whisper: the encoder's layers see 1500 frames
+        f = compute(summary, job.batch_size, enc, job.optimizer, job.precision,
+                    decoder_seq=seq, decoder_start=rec.decoder_start)
+    am = attention_memory(rec, job.batch_size, seq, impl, source, enc_seq=enc)
+    head = head_mib(summary, job.batch_size, seq, job.precision)
+    parts = transformer_breakdown(f, am, head, cal, job.precision)
+    bucket, margin = _transformer_margin(f, parts, rec, cal)
+    interval = (cal.attention.get("interval_lo", 0.8), cal.attention.get("interval_hi", 1.25))
+    return _Sized(f=f, parts=parts, bucket=bucket, margin=margin, interval=interval,
+                  attention={"implementation": impl, "implementation_source": source,
+                             "seq_len": seq, "layers": len(rec.cores)},
+                  notes=_implementation_notes(source))
+
+
+def _transformer_margin(f: Features, parts: dict[str, float], rec: Recognition,
+                        cal: Calibration) -> tuple[str, float]:
+    """(bucket, margin MiB) of the transformer model: the attention margin, or the
+    most conservative one for an unrecognised architecture; blocks shown without
+    their children keep their own relative margins on their activations."""
+    bucket = "transformer"
+    rel, abs_mib = cal.attention["margin_rel"], cal.attention["margin_abs_mib"]
+    if not rec.recognised:
+        bucket = "unknown"
+        rel, abs_mib = cal.conservative_margin()
+    hmap, htok = hidden_parts(f, cal)
+    margin = (max(0.0, margin_basis(parts) - hmap - htok) * rel + abs_mib
+              + hmap * cal.rel_margin("hidden_map") + htok * cal.rel_margin("hidden_tok"))
+    return bucket, margin
+
+
+def _implementation_notes(source: str) -> list[str]:
+    """Notes on where the attention implementation came from, when it was not shown
+    or given: the assumption changes the score tensors by ``heads x seq^2``."""
+    notes = []
+    if source == "family":
+        notes.append("T5's attention adds its relative position bias to an explicit "
+                     "score matrix whatever attn_implementation says: eager-size "
+                     "tensors counted")
+    if source == "default":
+        notes.append("attention implementation not shown: eager assumed (keeps "
+                     "batch x heads x seq^2 tensors per layer); pass --attention "
+                     "sdpa or flash if the job uses fused attention")
+    return notes
+
+
+def _size_by_bucket(rec: Recognition, f: Features, cal: Calibration) -> _Sized:
+    """The per-bucket model (tables the transformer model does not take): the margin
+    and interval of the architecture bucket the summary falls in."""
+    parts = base_breakdown(f, cal)
+    bucket = margin_bucket(f)
+    if rec.attention and not bucket.startswith("attn_"):
+        bucket = "attn_hidden"  # attention the rows do not show as such
+    if not rec.recognised:
+        bucket = "unknown"
+    margin = margin_mib(f, parts, cal, bucket) if rec.recognised else (
+        margin_basis(parts) * cal.rel_margin("unknown") + cal.abs_margin("unknown"))
+    interval = cal.ratio_interval(hidden_kind(f) or bucket)
+    return _Sized(f=f, parts=parts, bucket=bucket, margin=margin, interval=interval)
+
+
+def _notes(rec: Recognition, job: Job, cal: Calibration, sized: _Sized) -> list[str]:
+    """The caveats of one estimate, in the order users read them: what was added or
+    assumed about the model, then what the calibration does not cover."""
+    notes = []
+    if rec.unshown_params:
+        notes.append(f"{rec.unshown_params:,} parameters of attention modules that hold "
+                     "them directly are not in print(model) and were added (XLNet)")
+    notes += sized.notes
+    if not rec.recognised:
+        notes.append(f"architecture not recognised ({rec.kind}): the most conservative "
+                     "margin applies")
+    f = sized.f
+    if f.seq_assumed:
+        notes.append(f"summary has no shapes and no --seq-len: assumed {f.seq_len} tokens")
+    if job.precision != "fp32":
+        notes.append("mixed precision is modelled, not calibrated (no measured AMP data)")
+    if job.optimizer not in ("adam", "adamw"):
+        notes.append("calibrated on Adam runs; other optimizers change only exact terms")
+    if f.hidden_share > 0:
+        share = f"{f.hidden_share:.0%}" if f.hidden_share >= 0.005 else "under 1%"
+        notes.append(f"{share} of the parameters sit in blocks the summary "
+                     "shows without their layers (torchinfo's depth cut them off): what "
+                     "they keep is estimated from their size, with a wider margin; "
+                     "torchinfo.summary(..., depth=10) gives a tighter estimate")
+    if cal is PRIOR:
+        notes.append("no calibration file: uncalibrated physics priors")
+    return notes
+
+
 class LayerAwareEstimator:
     """Default estimator (see the module docstring)."""
 
@@ -313,88 +437,28 @@ class LayerAwareEstimator:
         cal = self.calibration
         rec = recognise(summary)
         fingerprint = summary.fingerprint()  # of the summary as given (the history key)
-        if rec.unshown_params:
-            # parameters print(model) cannot show (XLNet's bare attention projections)
-            total = summary.total_params + rec.unshown_params
-            summary = dataclasses.replace(summary, total_params=total, trainable_params=total)
+        summary = _with_unshown_params(summary, rec)
         f = compute(summary, job.batch_size, job.seq_len, job.optimizer, job.precision)
         _refuse_if_too_shallow(summary, f)
-        notes = []
-        if rec.unshown_params:
-            notes.append(f"{rec.unshown_params:,} parameters of attention modules that hold "
-                         "them directly are not in print(model) and were added (XLNet)")
-        attn_info: dict[str, object] = {}
         if transformer_path(summary, rec, job):
-            impl, source = resolve_impl(rec, job.attention)
-            seq = f.seq_len or next((c.tokens for c in rec.cores if c.tokens), None) \
-                or DEFAULT_SEQ_LEN
-            enc = encoder_tokens(summary, rec, seq)
-            if enc and enc > seq:  # Whisper: the encoder's layers see 1500 frames
-                f = compute(summary, job.batch_size, enc, job.optimizer, job.precision,
-                            decoder_seq=seq, decoder_start=rec.decoder_start)
-            am = attention_memory(rec, job.batch_size, seq, impl, source, enc_seq=enc)
-            head = head_mib(summary, job.batch_size, seq, job.precision)
-            parts = transformer_breakdown(f, am, head, cal, job.precision)
-            bucket = "transformer"
-            rel, abs_mib = cal.attention["margin_rel"], cal.attention["margin_abs_mib"]
-            if not rec.recognised:
-                bucket = "unknown"
-                rel, abs_mib = cal.conservative_margin()
-            hmap, htok = hidden_parts(f, cal)
-            margin = (max(0.0, margin_basis(parts) - hmap - htok) * rel + abs_mib
-                      + hmap * cal.rel_margin("hidden_map") + htok * cal.rel_margin("hidden_tok"))
-            attn_info = {"implementation": impl, "implementation_source": source,
-                         "seq_len": seq, "layers": len(rec.cores)}
-            if source == "family":
-                notes.append("T5's attention adds its relative position bias to an explicit "
-                             "score matrix whatever attn_implementation says: eager-size "
-                             "tensors counted")
-            if source == "default":
-                notes.append("attention implementation not shown: eager assumed (keeps "
-                             "batch x heads x seq^2 tensors per layer); pass --attention "
-                             "sdpa or flash if the job uses fused attention")
-            lo, hi = cal.attention.get("interval_lo", 0.8), cal.attention.get("interval_hi",
-                                                                                1.25)
+            sized = _size_transformer(summary, rec, job, f, cal)
         else:
-            parts = base_breakdown(f, cal)
-            bucket = margin_bucket(f)
-            if rec.attention and not bucket.startswith("attn_"):
-                bucket = "attn_hidden"  # attention the rows do not show as such
-            if not rec.recognised:
-                bucket = "unknown"
-            margin = margin_mib(f, parts, cal, bucket) if rec.recognised else (
-                margin_basis(parts) * cal.rel_margin("unknown") + cal.abs_margin("unknown"))
-            lo, hi = cal.ratio_interval(hidden_kind(f) or bucket)
+            sized = _size_by_bucket(rec, f, cal)
+        parts, margin = sized.parts, sized.margin
         base = sum(parts.values())
         total = math.ceil(base + margin)
         parts["margin"] = margin
-        if not rec.recognised:
-            notes.append(f"architecture not recognised ({rec.kind}): the most conservative "
-                         "margin applies")
-        if f.seq_assumed:
-            notes.append(f"summary has no shapes and no --seq-len: assumed {f.seq_len} tokens")
-        if job.precision != "fp32":
-            notes.append("mixed precision is modelled, not calibrated (no measured AMP data)")
-        if job.optimizer not in ("adam", "adamw"):
-            notes.append("calibrated on Adam runs; other optimizers change only exact terms")
-        if f.hidden_share > 0:
-            share = f"{f.hidden_share:.0%}" if f.hidden_share >= 0.005 else "under 1%"
-            notes.append(f"{share} of the parameters sit in blocks the summary "
-                         "shows without their layers (torchinfo's depth cut them off): what "
-                         "they keep is estimated from their size, with a wider margin; "
-                         "torchinfo.summary(..., depth=10) gives a tighter estimate")
-        if cal is PRIOR:
-            notes.append("no calibration file: uncalibrated physics priors")
+        lo, hi = sized.interval
         uncertainty: dict[str, object] = {
             "peak_90pct_mib": [math.floor(base * lo), math.ceil(base * hi)],
             "basis": ("5th-95th percentile of measured/estimated on the calibration split, "
-                      f"architecture bucket {bucket!r}"),
-            "bucket": bucket,
+                      f"architecture bucket {sized.bucket!r}"),
+            "bucket": sized.bucket,
             "architecture": rec.to_json(),
-            "notes": notes,
+            "notes": _notes(rec, job, cal, sized),
         }
-        if attn_info:
-            uncertainty["attention"] = attn_info
+        if sized.attention:
+            uncertainty["attention"] = sized.attention
         return Estimate(
             estimate_mib=total,
             estimator=self.name,

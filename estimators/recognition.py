@@ -251,44 +251,11 @@ def recognise(summary: ModelSummary) -> Recognition:
     evidence: list[str] = []
     if family:
         evidence.append(f"class names of the {family} family")
-    # attention cores: by name or by structure; keep the innermost
-    cand = [i for i, r in enumerate(rows)
-            if (_is_core_by_name(r) or (kids[i] and _qkv_children(rows, kids[i]))
-                or (r.leaf and r.params > 0 and _TRANSFORMER_LAYER.search(r.type)))
-            and not (r.depth == 0 and not r.leaf)]
     parent = _parents(rows)
-    # a candidate with a candidate below it is a wrapper (BertAttention around
-    # BertSelfAttention): one reverse pass marks every row above a candidate
-    cset = set(cand)
-    above = [False] * len(rows)
-    for i in range(len(rows) - 1, -1, -1):
-        if (i in cset or above[i]) and parent[i] >= 0:
-            above[parent[i]] = True
-    inner = [i for i in cand if not above[i]]
+    inner = _innermost(parent, _core_candidates(rows, kids))
     model_width = _modal_width(summary)
-    cores: list[AttentionCore] = []
-    impl: str | None = None
-    for i in inner:
-        r = rows[i]
-        sub = [rows[k] for k in kids[i]]
-        width = _core_width(r, sub) or model_width
-        ancestry = _ancestry(rows, parent, i)
-        rel = bool(_RELATIVE.search(f"{r.name} {r.type}")) or family in ("xlnet", "t5") or any(
-            _RELATIVE.search(x.name) for x in sub)
-        cross = bool(_CROSS.search(ancestry))
-        drops = [x.dropout_p for x in sub if category(x.type) == "dropout"
-                 and x.dropout_p is not None and not _RESID_DROP.search(x.name)]
-        dropout = (max(drops) > 0) if drops else family != "llama"
-        cores.append(AttentionCore(
-            dropout=dropout,
-            type=r.type, name=r.name, width=width, tokens=_tokens_of(r),
-            decoder=cross or (family in ENC_DEC and _in_decoder(rows, parent, i)),
-            cross=cross, relative=rel,
-            windowed=bool(_WINDOW.search(r.type)) or family == "swin"))
-        if _IMPL_FLASH.search(r.type):
-            impl = "flash"
-        elif _IMPL_SDPA.search(r.type) and impl is None:
-            impl = "sdpa"
+    cores = [_attention_core(rows, kids, parent, i, family, model_width) for i in inner]
+    impl = _impl_by_class(rows, inner)
     if not cores and family in HF_FAMILIES and any(_HF_CLASS.search(r.type) for r in rows):
         cores = _hidden_layers(summary, rows, parent, family, model_width)
         if cores:
@@ -296,15 +263,94 @@ def recognise(summary: ModelSummary) -> Recognition:
                             "(each counted as one attention layer)")
     if cores:
         evidence.append(f"{len(cores)} attention layers ({cores[0].type})")
-    if impl is None and any(
-            category(r.type) in ("softmax", "dropout") and r.output_shape is not None
-            and len(r.output_shape) >= 2 and r.output_shape[-1] == r.output_shape[-2] > 1
-            for r in summary.layers):
+    if impl is None and _shows_probabilities(summary):
         impl = "eager"
         evidence.append("explicit token x token probability rows (eager attention)")
     hf = family in HF_FAMILIES and any(_HF_CLASS.search(r.type) for r in rows)
     kind = _kind(summary, cores, family if hf else None)
     evidence.append(f"kind {kind}")
+    unshown = _unshown_params(summary, rows, kids, inner, model_width)
+    if unshown:
+        evidence.append(f"{unshown:,} attention parameters print(model) cannot show")
+    return Recognition(kind=kind, family=family, cores=tuple(cores), hf=hf, impl_shown=impl,
+                       evidence=tuple(evidence), unshown_params=unshown,
+                       decoder_start=_decoder_start(rows) if family in ENC_DEC else None)
+
+
+def _core_candidates(rows: tuple[Layer, ...], kids: list[list[int]]) -> list[int]:
+    """Rows that may be attention cores: by class name, by query / key / value
+    children, or a whole transformer layer shown as one row. The model row itself is
+    never one (a bare attention module summarised alone is its own model)."""
+    return [i for i, r in enumerate(rows)
+            if (_is_core_by_name(r) or (kids[i] and _qkv_children(rows, kids[i]))
+                or (r.leaf and r.params > 0 and _TRANSFORMER_LAYER.search(r.type)))
+            and not (r.depth == 0 and not r.leaf)]
+
+
+def _innermost(parent: list[int], cand: list[int]) -> list[int]:
+    """The candidates with no candidate below them. A candidate with a candidate below
+    it is a wrapper (BertAttention around BertSelfAttention): counting both would
+    count one attention layer twice. One reverse pass marks every row above a
+    candidate, so this stays linear."""
+    cset = set(cand)
+    above = [False] * len(parent)
+    for i in range(len(parent) - 1, -1, -1):
+        if (i in cset or above[i]) and parent[i] >= 0:
+            above[parent[i]] = True
+    return [i for i in cand if not above[i]]
+
+
+def _attention_core(rows: tuple[Layer, ...], kids: list[list[int]], parent: list[int],
+                    i: int, family: str | None, model_width: int | None) -> AttentionCore:
+    """The attention core at row ``i``: its width, tokens and the traits that change
+    its memory (cross, relative position, windows, dropout on the probabilities),
+    read from its own row, its children and its nearest ancestors."""
+    r = rows[i]
+    sub = [rows[k] for k in kids[i]]
+    width = _core_width(r, sub) or model_width
+    ancestry = _ancestry(rows, parent, i)
+    rel = bool(_RELATIVE.search(f"{r.name} {r.type}")) or family in ("xlnet", "t5") or any(
+        _RELATIVE.search(x.name) for x in sub)
+    cross = bool(_CROSS.search(ancestry))
+    drops = [x.dropout_p for x in sub if category(x.type) == "dropout"
+             and x.dropout_p is not None and not _RESID_DROP.search(x.name)]
+    dropout = (max(drops) > 0) if drops else family != "llama"
+    return AttentionCore(
+        dropout=dropout,
+        type=r.type, name=r.name, width=width, tokens=_tokens_of(r),
+        decoder=cross or (family in ENC_DEC and _in_decoder(rows, parent, i)),
+        cross=cross, relative=rel,
+        windowed=bool(_WINDOW.search(r.type)) or family == "swin")
+
+
+def _impl_by_class(rows: tuple[Layer, ...], inner: list[int]) -> str | None:
+    """The attention implementation the cores' class names tell (older Hugging Face
+    releases named ``*SdpaAttention`` / ``*FlashAttention*``): flash wins over sdpa,
+    None when no name says."""
+    impl: str | None = None
+    for i in inner:
+        if _IMPL_FLASH.search(rows[i].type):
+            impl = "flash"
+        elif _IMPL_SDPA.search(rows[i].type) and impl is None:
+            impl = "sdpa"
+    return impl
+
+
+def _shows_probabilities(summary: ModelSummary) -> bool:
+    """Whether a softmax / dropout leaf outputs a square token x token tensor: explicit
+    probabilities, which only eager attention keeps."""
+    return any(
+        category(r.type) in ("softmax", "dropout") and r.output_shape is not None
+        and len(r.output_shape) >= 2 and r.output_shape[-1] == r.output_shape[-2] > 1
+        for r in summary.layers)
+
+
+def _unshown_params(summary: ModelSummary, rows: tuple[Layer, ...], kids: list[list[int]],
+                    inner: list[int], model_width: int | None) -> int:
+    """Parameters print(model) cannot show: an attention core holding its projections
+    directly (XLNet's relative attention, no Linear children) prints none of them, so
+    they are counted from its width. Only for a ``print(model)`` without parameter
+    counts (``print_params`` tables show them)."""
     unshown = 0
     if summary.format == "pytorch-print" and "param_counts" not in summary.meta:
         for i in inner:
@@ -313,11 +359,7 @@ def recognise(summary: ModelSummary) -> Recognition:
                     category(x.type) == "linear" or is_hf_conv1d(x) for x in sub):
                 w = _core_width(rows[i], sub) or model_width or 0
                 unshown += BARE_ATTENTION_MATRICES * w * w
-        if unshown:
-            evidence.append(f"{unshown:,} attention parameters print(model) cannot show")
-    return Recognition(kind=kind, family=family, cores=tuple(cores), hf=hf, impl_shown=impl,
-                       evidence=tuple(evidence), unshown_params=unshown,
-                       decoder_start=_decoder_start(rows) if family in ENC_DEC else None)
+    return unshown
 
 
 def _parents(rows: tuple[Layer, ...]) -> list[int]:
