@@ -34,6 +34,7 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy slurm_colloc estimators prolog epilog
+	$(BIN)/python tools/check_architecture.py
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
