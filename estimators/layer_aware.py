@@ -184,15 +184,22 @@ def load_calibration(path: Path | None = None) -> Calibration:
     return cal
 
 
-def base_breakdown(f: Features, cal: Calibration) -> dict[str, float]:
-    """Unmargined MiB per component."""
-    acts = sum(cal.k_act[c] * v for c, v in f.act.items())
+def _fixed_terms(f: Features, cal: Calibration) -> dict[str, float]:
+    """Context, weights, gradients and optimizer state: the same in every breakdown."""
     return {
         "cuda_context": cal.context_mib,
         "weights": cal.k_params * f.params["weights"],
         "gradients": cal.k_params * f.params["gradients"],
         "optimizer_state": cal.k_params * (f.params["optimizer_state"]
                                            + f.params["optimizer_step"]),
+    }
+
+
+def base_breakdown(f: Features, cal: Calibration) -> dict[str, float]:
+    """Unmargined MiB per component."""
+    acts = sum(cal.k_act[c] * v for c, v in f.act.items())
+    return {
+        **_fixed_terms(f, cal),
         "activations": acts,
         "attention": cal.k_scores * f.attn_scores,
         "workspace": cal.k_workspace * f.largest,
@@ -229,11 +236,7 @@ def transformer_breakdown(f: Features, am: AttentionMemory, head: float, cal: Ca
     hmap, htok = hidden_parts(f, cal)
     visible = sum(f.act.values()) - f.act["hidden_conv"] - f.act["hidden_tok"]
     return {
-        "cuda_context": cal.context_mib,
-        "weights": cal.k_params * f.params["weights"],
-        "gradients": cal.k_params * f.params["gradients"],
-        "optimizer_state": cal.k_params * (f.params["optimizer_state"]
-                                           + f.params["optimizer_step"]),
+        **_fixed_terms(f, cal),
         # blocks a shallow table shows whole keep their own calibrated coefficients
         "activations": k * a["k_leaf"] * max(0.0, visible - head) + hmap + htok,
         "attention": k * am.mib(a, activation_bytes_per_elem(precision) / 4.0),

@@ -73,7 +73,17 @@ def _build_fake(make: Any, mode: Any, torch: Any) -> tuple[Any, Any]:
         model, example = make()
     except Exception as e:  # the user's factory: any failure is bad input, not a crash
         raise EstimatorInputError(f"building the model failed: {e}") from e
-    fakes: dict[int, Any] = {}  # tied weights (one Parameter in two modules) stay tied
+    fake_state(model, mode, torch)
+    return model, mode.from_tensor(example)
+
+
+def fake_state(model: Any, mode: Any, torch: Any) -> None:
+    """Swap ``model``'s parameters and buffers for fake tensors of ``mode``, in place.
+
+    Tied weights (one Parameter in two modules) stay tied: each real Parameter gets
+    one fake, shared wherever it was shared.
+    """
+    fakes: dict[int, Any] = {}
     with torch.no_grad():
         for mod in model.modules():
             for name, p in list(mod.named_parameters(recurse=False)):
@@ -84,7 +94,6 @@ def _build_fake(make: Any, mode: Any, torch: Any) -> tuple[Any, Any]:
             for name, b in list(mod.named_buffers(recurse=False)):
                 if b is not None:
                     mod._buffers[name] = mode.from_tensor(b)
-    return model, mode.from_tensor(example)
 
 
 class TracingEstimator:

@@ -152,18 +152,10 @@ def trace_step(model: Any, inputs: dict[str, Any], torch: Any) -> dict[str, floa
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from estimators.tracing import fake_state
+
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    fakes: dict[int, Any] = {}
-    with torch.no_grad():
-        for mod in model.modules():
-            for name, p in list(mod.named_parameters(recurse=False)):
-                if id(p) not in fakes:
-                    fakes[id(p)] = torch.nn.Parameter(mode.from_tensor(p),
-                                                      requires_grad=p.requires_grad)
-                setattr(mod, name, fakes[id(p)])
-            for name, b in list(mod.named_buffers(recurse=False)):
-                if b is not None:
-                    mod._buffers[name] = mode.from_tensor(b)
+    fake_state(model, mode, torch)
     with mode:
         fin = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
                for k, v in inputs.items()}
