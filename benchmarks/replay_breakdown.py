@@ -43,7 +43,7 @@ def breakdown(run_dir: Path, name: str) -> dict[str, dict[str, float]]:
              "stretch_median": round(float(stretch.median()), 3),
              "stretch_mean": round(float(stretch.mean()), 3)}
         waits = list(zip(g.submit_h, g.start_h, strict=True))
-        s = ts[(ts.policy == policy) & (ts.t_h <= float(g.end_h.max()))]
+        s = ts[(ts.policy == policy) & (ts.t_h >= 0) & (ts.t_h <= float(g.end_h.max()))]
         samples = list(zip(s.t_h, s.processes, strict=True))
         r["idle_while_waiting"] = round(idle_while_queued(samples, waits), 4)
         if len(multi):
