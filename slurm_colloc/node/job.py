@@ -15,6 +15,7 @@ instead of asking the controller again (one controller call per job).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -65,10 +66,11 @@ class JobContext:
     foreign_shards: int = 0
     """Shards asked per job/task/socket instead of per node (job_submit refuses these)."""
 
-    @property
+    @functools.cached_property
     def submit(self) -> CollocRecord | None:
         """job_submit's decision (the ``colloc1:`` record in AdminComment), None when the
-        job did not go through it. The one place the node path reads that record."""
+        job did not go through it. The one place the node path reads that record, and
+        only once per context (``is_shared`` asks for it on every use)."""
         return parse_record(self.admin_comment)
 
     @property
