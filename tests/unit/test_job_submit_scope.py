@@ -23,16 +23,16 @@ LISTED = site.settings_from_config(CFG, trusted_uids=[64030])
 PARTS = ("small", "big", "cpu", "gpu2")
 
 ONE_GPU = [
-    {"tres_per_node": "gres:gpu:1"},
-    {"tres_per_node": "gres:gpu:a100:1"},
-    {"tres_per_job": "gres:gpu:1"},
+    {"tres_per_node": "gres/gpu:1"},
+    {"tres_per_node": "gres/gpu:a100:1"},
+    {"tres_per_job": "gres/gpu:1"},
 ]
 MULTI_GPU = [
-    {"tres_per_node": "gres:gpu:4"},
-    {"tres_per_job": "gres:gpu:2"},
-    {"tres_per_task": "gres:gpu:1"},
-    {"tres_per_socket": "gres:gpu:1"},
-    {"tres_per_job": "gres:gpu:1", "min_nodes": 2},
+    {"tres_per_node": "gres/gpu:4"},
+    {"tres_per_job": "gres/gpu:2"},
+    {"tres_per_task": "gres/gpu:1"},
+    {"tres_per_socket": "gres/gpu:1"},
+    {"tres_per_job": "gres/gpu:1", "min_nodes": 2},
 ]
 
 
@@ -68,23 +68,23 @@ def test_opt_in_leaves_gpu_jobs_as_submitted(fields: dict[str, Any], partition: 
 def test_opt_in_still_handles_colloc_and_shard_jobs() -> None:
     h = Harness(OPT_IN)
     rc, job = h.submit({"colloc_mem": "8G"})
-    assert rc == 0 and job.tres_per_node == "gres:shard:8"
+    assert rc == 0 and job.tres_per_node == "gres/shard:8"
     assert job.partition is None  # no partition to send it to: Slurm's default
     rc, job = h.submit({"colloc_mem": "8G"}, partition="anything")
     assert rc == 0 and job.partition == "anything"
-    rc, job = h.submit(None, tres_per_node="gres:shard:5")
+    rc, job = h.submit(None, tres_per_node="gres/shard:5")
     assert rc == 0 and parse_record(job.admin_comment).mode == "shards"  # type: ignore[union-attr]
-    rc, _ = h.submit(None, tres_per_node="gres:shard:41")
+    rc, _ = h.submit(None, tres_per_node="gres/shard:41")
     _refused(h, rc, "does not fit one GPU")
-    rc, _ = h.submit(None, tres_per_node="gres:gpu:1,gres:shard:5")
+    rc, _ = h.submit(None, tres_per_node="gres/gpu:1,gres:shard:5")
     _refused(h, rc, "whole GPUs and shards together")
 
 
 def test_opt_in_refuses_unreadable_shards_but_not_unreadable_gpus() -> None:
     h = Harness(OPT_IN)
-    rc, job = h.submit(None, tres_per_node="gres:gpu:x:y:1")
-    assert rc == 0 and job.tres_per_node == "gres:gpu:x:y:1" and job.admin_comment is None
-    rc, _ = h.submit(None, tres_per_node="gres:shard:x:y:1")
+    rc, job = h.submit(None, tres_per_node="gres/gpu:x:y:1")
+    assert rc == 0 and job.tres_per_node == "gres/gpu:x:y:1" and job.admin_comment is None
+    rc, _ = h.submit(None, tres_per_node="gres/shard:x:y:1")
     _refused(h, rc, "cannot read")
 
 
@@ -92,8 +92,8 @@ def test_opt_in_user_may_add_gpus_by_update_but_not_shards() -> None:
     h = Harness(OPT_IN)
     g = h.lua.globals()
     rec = h.job(job_id=7, partition="gpu")
-    assert g.slurm_job_modify(h.job(tres_per_node="gres:gpu:2"), rec, None, 1000) == 0
-    assert g.slurm_job_modify(h.job(tres_per_node="gres:shard:2"), rec, None, 1000) != 0
+    assert g.slurm_job_modify(h.job(tres_per_node="gres/gpu:2"), rec, None, 1000) == 0
+    assert g.slurm_job_modify(h.job(tres_per_node="gres/shard:2"), rec, None, 1000) != 0
 
 
 # ------------------------------------------------------------------ listed partitions
@@ -117,7 +117,7 @@ def test_one_gpu_in_a_shared_partition_becomes_its_gpu_in_shards(
     extra: dict[str, Any] = {"partition": partition} if partition else {}
     rc, job = h.submit(None, **fields, **extra)
     assert rc == 0, h.user_msgs
-    assert job.tres_per_node == f"gres:shard:{shards}"
+    assert job.tres_per_node == f"gres/shard:{shards}"
     assert job.tres_per_job is None
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "whole" and rec.shards == shards
@@ -138,12 +138,12 @@ def test_multi_gpu_in_a_shared_partition_takes_nodes_exclusively(
 def test_one_gpu_over_mixed_partitions_keeps_its_gpu_and_takes_the_node(partition: str
                                                                          ) -> None:
     h = listed()
-    rc, job = h.submit(None, partition=partition, tres_per_node="gres:gpu:1")
+    rc, job = h.submit(None, partition=partition, tres_per_node="gres/gpu:1")
     assert rc == 0 and job.shared == 0
-    assert job.tres_per_node == "gres:gpu:1" and job.admin_comment is None
+    assert job.tres_per_node == "gres/gpu:1" and job.admin_comment is None
 
 
-@pytest.mark.parametrize("fields", ONE_GPU + MULTI_GPU + [{"tres_per_node": "gres:shard:5"}])
+@pytest.mark.parametrize("fields", ONE_GPU + MULTI_GPU + [{"tres_per_node": "gres/shard:5"}])
 @pytest.mark.parametrize("partition,default", [("cpu", "big"), ("cpu,gpu2", "big"),
                                                (None, "cpu"), (None, None)])
 def test_jobs_in_other_partitions_are_never_touched(
@@ -158,9 +158,9 @@ def test_jobs_in_other_partitions_are_never_touched(
 
 def test_default_partition_unknown_without_part_list() -> None:
     h = listed("big")
-    job = h.job(tres_per_node="gres:gpu:1", min_nodes=NO_VAL)
+    job = h.job(tres_per_node="gres/gpu:1", min_nodes=NO_VAL)
     assert h.lua.globals().slurm_job_submit(job, None, 1000) == 0
-    _untouched(job, {"tres_per_node": "gres:gpu:1"})
+    _untouched(job, {"tres_per_node": "gres/gpu:1"})
 
 
 def test_colloc_without_partition_goes_to_every_shared_partition_that_holds_it() -> None:
@@ -168,13 +168,13 @@ def test_colloc_without_partition_goes_to_every_shared_partition_that_holds_it()
     # in the listed order: Slurm takes the first with room, and a job that ran out of
     # memory on a small GPU can come back on a big one while the small ones are full
     rc, job = h.submit({"colloc_mem": "8G"})
-    assert rc == 0 and job.partition == "small,big" and job.tres_per_node == "gres:shard:8"
+    assert rc == 0 and job.partition == "small,big" and job.tres_per_node == "gres/shard:8"
     # a default-size job gets a whole GPU of the smallest
     rc, job = h.submit({"colloc": "(null)"})
-    assert rc == 0 and job.partition == "small,big" and job.tres_per_node == "gres:shard:39"
+    assert rc == 0 and job.partition == "small,big" and job.tres_per_node == "gres/shard:39"
     # one too large for the small GPUs goes only where it fits
     rc, job = h.submit({"colloc_mem": "60G"})
-    assert rc == 0 and job.partition == "big" and job.tres_per_node == "gres:shard:60"
+    assert rc == 0 and job.partition == "big" and job.tres_per_node == "gres/shard:60"
 
 
 @pytest.mark.parametrize("partition", ["cpu", "cpu,gpu2", "gpu"])
@@ -192,7 +192,7 @@ def test_colloc_partitions_narrowed_to_shared_ones_that_hold_it() -> None:
     rc, job = h.submit({"colloc_mem": "8G"}, partition="big,cpu,small")
     assert rc == 0 and job.partition == "big,small"
     rc, job = h.submit({"colloc_mem": "60G"}, partition="small,big")
-    assert rc == 0 and job.partition == "big" and job.tres_per_node == "gres:shard:60"
+    assert rc == 0 and job.partition == "big" and job.tres_per_node == "gres/shard:60"
 
 
 def test_colloc_need_checked_against_the_largest_shared_gpu() -> None:
@@ -205,15 +205,15 @@ def test_colloc_need_checked_against_the_largest_shared_gpu() -> None:
     _refused(h, rc, "one GPU offers at most 80896 MiB")
     # the default size is a whole GPU of the smallest
     rc, job = h.submit({"colloc": "(null)"}, partition="big,small")
-    assert rc == 0 and job.tres_per_node == "gres:shard:39"
+    assert rc == 0 and job.tres_per_node == "gres/shard:39"
     assert parse_record(job.admin_comment).mode == "default"  # type: ignore[union-attr]
 
 
 def test_plain_shards_bounded_by_their_partition() -> None:
     h = listed()
-    rc, job = h.submit(None, tres_per_node="gres:shard:60", partition="big")
+    rc, job = h.submit(None, tres_per_node="gres/shard:60", partition="big")
     assert rc == 0 and parse_record(job.admin_comment).shards == 60  # type: ignore[union-attr]
-    rc, _ = h.submit(None, tres_per_node="gres:shard:60", partition="small")
+    rc, _ = h.submit(None, tres_per_node="gres/shard:60", partition="small")
     _refused(h, rc, "does not fit one GPU (39 shards")
 
 
@@ -225,12 +225,12 @@ def _modify(h: Harness, uid: int, desc: dict[str, Any], rec: dict[str, Any]) -> 
 def test_modify_keeps_gpu_jobs_out_of_shared_partitions() -> None:
     h = listed()
     # adding GPUs: fine in other partitions, not where GPUs are shared
-    assert _modify(h, 1000, {"tres_per_node": "gres:gpu:1"}, {"partition": "cpu"}) == 0
-    assert _modify(h, 1000, {"tres_per_node": "gres:gpu:1"}, {"partition": "big"}) != 0
-    assert _modify(h, 1000, {"tres_per_node": "gres:gpu:1", "partition": "big"},
+    assert _modify(h, 1000, {"tres_per_node": "gres/gpu:1"}, {"partition": "cpu"}) == 0
+    assert _modify(h, 1000, {"tres_per_node": "gres/gpu:1"}, {"partition": "big"}) != 0
+    assert _modify(h, 1000, {"tres_per_node": "gres/gpu:1", "partition": "big"},
                    {"partition": "cpu"}) != 0
     # moving a GPU job into a shared partition would skip the whole-GPU conversion
-    gpu_job = {"partition": "cpu", "tres_per_node": "gres:gpu:1"}
+    gpu_job = {"partition": "cpu", "tres_per_node": "gres/gpu:1"}
     assert _modify(h, 1000, {"partition": "big"}, dict(gpu_job)) != 0
     assert "partition of a GPU job is fixed" in h.user_msgs[-1]
     assert _modify(h, 1000, {"partition": "gpu2"}, dict(gpu_job)) == 0
@@ -278,27 +278,27 @@ def test_chained_site_script_runs_first_and_its_refusal_wins(chained: Harness) -
 
 
 def test_chained_site_changes_survive_and_colloc_sees_them(chained: Harness) -> None:
-    rc, job = chained.submit(None, tres_per_node="gres:gpu:1")
+    rc, job = chained.submit(None, tres_per_node="gres/gpu:1")
     assert rc == 0, chained.user_msgs
     assert job.account == "site-acct" and job.partition == "big"  # the site's
-    assert job.tres_per_node == "gres:shard:79"  # colloc's, in the site's partition
+    assert job.tres_per_node == "gres/shard:79"  # colloc's, in the site's partition
     rc, job = chained.submit({"colloc_mem": "8G"}, partition="small")
     assert rc == 0 and job.account == "site-acct" and job.partition == "small"
-    assert job.tres_per_node == "gres:shard:8"
+    assert job.tres_per_node == "gres/shard:8"
 
 
 def test_chained_site_modify_runs_first(chained: Harness) -> None:
     assert _modify(chained, 1000, {"time_limit": 99}, {"partition": "cpu"}) != 0
     assert _modify(chained, 1000, {"time_limit": 10}, {"partition": "cpu"}) == 0
-    assert _modify(chained, 1000, {"tres_per_node": "gres:shard:3"}, {"partition": "cpu"}) != 0
+    assert _modify(chained, 1000, {"tres_per_node": "gres/shard:3"}, {"partition": "cpu"}) != 0
 
 
 def test_chained_script_without_modify_is_fine() -> None:
     text = "function slurm_job_submit(d, p, u) return slurm.SUCCESS end\n"
     h = listed("cpu", chain=site.check_site_job_submit(text, "s.lua"))
     assert _modify(h, 1000, {"time_limit": 10}, {"partition": "cpu"}) == 0
-    rc, job = h.submit(None, tres_per_node="gres:gpu:1", partition="small")
-    assert rc == 0 and job.tres_per_node == "gres:shard:39"
+    rc, job = h.submit(None, tres_per_node="gres/gpu:1", partition="small")
+    assert rc == 0 and job.tres_per_node == "gres/shard:39"
 
 
 def test_chained_script_failing_at_load_refuses_every_job() -> None:

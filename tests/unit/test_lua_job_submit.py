@@ -28,11 +28,18 @@ SETTINGS = SiteSettings(shard_mib=1024, gpu_memory_mib=40960, trusted_uids=(0, 6
 _LOG = "function(sink) return function(...) sink(string.format(unpack({...}))) end end"
 # job_desc / job_rec are userdata proxies in slurmctld: every assignment goes through the
 # C setter, which takes a string or number (nil is an error) and turns "" into NULL.
+# Slurm 24.11+ refuses the job when the script wrote a TRES request in the 22.05
+# spelling "gres:NAME" ("Invalid Trackable RESource (TRES) specification"); the proxy
+# raises at once, so every test that makes the filter write one fails.
 _JOB = """function(store)
     return setmetatable({}, {
         __index = store,
         __newindex = function(_, k, v)
             if v == nil then error("bad argument #3 to '__newindex' (got nil)") end
+            if string.sub(k, 1, 9) == "tres_per_" and type(v) == "string"
+                and string.find(string.lower(v), "gres:", 1, true) then
+                error("Invalid Trackable RESource (TRES) specification: " .. v)
+            end
             if v == "" then v = nil end
             store[k] = v
         end,
@@ -102,7 +109,7 @@ def test_estimate_becomes_shards_and_record(h: Harness) -> None:
                        comment="colloc-estimate:v1:mib=7000,margin=500,est=layer-aware,"
                        "fp=ABCD12 mine")
     assert rc == 0
-    assert job.tres_per_node == "gres:shard:7"
+    assert job.tres_per_node == "gres/shard:7"
     assert job.comment == "mine"
     assert job.max_nodes == 1
     rec = parse_record(job.admin_comment)
@@ -118,14 +125,14 @@ def test_estimate_becomes_shards_and_record(h: Harness) -> None:
 def test_explicit_sizes(h: Harness, size: str, shards: int) -> None:
     rc, job = h.submit({"colloc_mem": size})
     assert rc == 0, h.user_msgs
-    assert job.tres_per_node == f"gres:shard:{shards}"
+    assert job.tres_per_node == f"gres/shard:{shards}"
     assert parse_record(job.admin_comment).mode == "explicit"  # type: ignore[union-attr]
 
 
 def test_no_estimate_gets_whole_gpu_and_says_so(h: Harness) -> None:
     rc, job = h.submit({"colloc": "m.txt", "colloc_batch_size": "8"})
     assert rc == 0
-    assert job.tres_per_node == "gres:shard:40"
+    assert job.tres_per_node == "gres/shard:40"
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "default" and rec.why == "no-estimate"
     assert any("whole GPU" in m and "bypassed" in m for m in h.user_msgs)
@@ -133,26 +140,26 @@ def test_no_estimate_gets_whole_gpu_and_says_so(h: Harness) -> None:
 
 def test_bare_colloc_null_value(h: Harness) -> None:
     rc, job = h.submit({"colloc": "(null)"})
-    assert rc == 0 and job.tres_per_node == "gres:shard:40"
+    assert rc == 0 and job.tres_per_node == "gres/shard:40"
     assert parse_record(job.admin_comment).why == "no-size"  # type: ignore[union-attr]
 
 
 def test_site_default_size() -> None:
     h = Harness(SiteSettings(shard_mib=1024, gpu_memory_mib=40960, default_colloc_mib=10000))
     rc, job = h.submit({"colloc": "(null)"})
-    assert rc == 0 and job.tres_per_node == "gres:shard:10"
+    assert rc == 0 and job.tres_per_node == "gres/shard:10"
 
 
 def test_keeps_other_gres(h: Harness) -> None:
-    rc, job = h.submit({"colloc_mem": "2G"}, tres_per_node="gres:nvme:1")
-    assert rc == 0 and job.tres_per_node == "gres:nvme:1,gres:shard:2"
+    rc, job = h.submit({"colloc_mem": "2G"}, tres_per_node="gres/nvme:1")
+    assert rc == 0 and job.tres_per_node == "gres/nvme:1,gres/shard:2"
 
 
 @pytest.mark.parametrize("fields,spank,needle", [
-    ({"tres_per_node": "gres:gpu:1"}, {"colloc_mem": "2G"}, "--gres=gpu"),
-    ({"tres_per_job": "gres:gpu:2"}, {"colloc": "(null)"}, "--gres=gpu"),
-    ({"tres_per_task": "gres:gpu:1"}, {"colloc": "(null)"}, "--gres=gpu"),
-    ({"tres_per_node": "gres:shard:4"}, {"colloc": "(null)"}, "--colloc-mem"),
+    ({"tres_per_node": "gres/gpu:1"}, {"colloc_mem": "2G"}, "--gres=gpu"),
+    ({"tres_per_job": "gres/gpu:2"}, {"colloc": "(null)"}, "--gres=gpu"),
+    ({"tres_per_task": "gres/gpu:1"}, {"colloc": "(null)"}, "--gres=gpu"),
+    ({"tres_per_node": "gres/shard:4"}, {"colloc": "(null)"}, "--colloc-mem"),
     ({"min_nodes": 2}, {"colloc": "(null)"}, "one node"),
     ({}, {"colloc_mem": "41G"}, "one GPU offers at most 40960 MiB"),
     ({}, {"colloc_mem": "8X"}, "expected a size"),
@@ -180,20 +187,20 @@ def test_rejections(h: Harness, fields: dict[str, Any], spank: dict[str, str],
 
 
 def test_plain_shard_job_is_recorded(h: Harness) -> None:
-    rc, job = h.submit(None, tres_per_node="gres:shard:5")
-    assert rc == 0 and job.tres_per_node == "gres:shard:5"
+    rc, job = h.submit(None, tres_per_node="gres/shard:5")
+    assert rc == 0 and job.tres_per_node == "gres/shard:5"
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "shards" and rec.alloc_mib == 5120
 
 
 def test_plain_shard_job_larger_than_gpu_refused(h: Harness) -> None:
-    rc, _ = h.submit(None, tres_per_node="gres:shard:41")
+    rc, _ = h.submit(None, tres_per_node="gres/shard:41")
     assert rc != 0 and "does not fit one GPU" in h.user_msgs[0]
 
 
 def test_ordinary_job_untouched(h: Harness) -> None:
-    rc, job = h.submit(None, tres_per_node="gres:gpu:2", comment="hello")
-    assert rc == 0 and job.tres_per_node == "gres:gpu:2" and job.admin_comment is None
+    rc, job = h.submit(None, tres_per_node="gres/gpu:2", comment="hello")
+    assert rc == 0 and job.tres_per_node == "gres/gpu:2" and job.admin_comment is None
     assert job.comment == "hello"
 
 
@@ -210,14 +217,14 @@ def _modify(h: Harness, uid: int, admin_comment: str | None, **fields: Any) -> i
 
 def test_modify_guards_colloc_jobs(h: Harness) -> None:
     ac = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=2048"
-    assert _modify(h, 1000, ac, tres_per_node="gres:shard:40") != 0
+    assert _modify(h, 1000, ac, tres_per_node="gres/shard:40") != 0
     assert "fixed at submission" in h.user_msgs[-1]
     assert _modify(h, 1000, ac, time_limit=10) == 0
-    assert _modify(h, 0, ac, tres_per_node="gres:shard:40") == 0  # the epilog's requeue
-    assert _modify(h, 64030, ac, tres_per_node="gres:shard:40") == 0  # SlurmUser
+    assert _modify(h, 0, ac, tres_per_node="gres/shard:40") == 0  # the epilog's requeue
+    assert _modify(h, 64030, ac, tres_per_node="gres/shard:40") == 0  # SlurmUser
     # a user's update cannot turn a plain job into a GPU job (security issue 11, M4)
-    assert _modify(h, 1000, None, tres_per_node="gres:gpu:1") != 0
-    assert _modify(h, 1000, None, tres_per_node="gres:nvme:1") == 0
+    assert _modify(h, 1000, None, tres_per_node="gres/gpu:1") != 0
+    assert _modify(h, 1000, None, tres_per_node="gres/nvme:1") == 0
 
 
 def test_log_lines_have_prefix(h: Harness) -> None:
@@ -226,27 +233,94 @@ def test_log_lines_have_prefix(h: Harness) -> None:
 
 
 @pytest.mark.parametrize("fields", [
-    {"tres_per_node": "gres:gpu:1"},
-    {"tres_per_node": "gres:gpu:a100:1"},
-    {"tres_per_job": "gres:gpu:1"},
-    {"tres_per_node": "gres:gpu"},
+    {"tres_per_node": "gres/gpu:1"},
+    {"tres_per_node": "gres/gpu:a100:1"},
+    {"tres_per_job": "gres/gpu:1"},
+    {"tres_per_node": "gres/gpu"},
 ])
 def test_one_whole_gpu_becomes_all_shards_of_one_gpu(h: Harness, fields: dict[str, Any]) -> None:
     rc, job = h.submit(None, **fields)
     assert rc == 0
-    assert job.tres_per_node == "gres:shard:40"
+    assert job.tres_per_node == "gres/shard:40"
     assert job.tres_per_job in (None, "")
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "whole" and rec.shards == 40
 
 
 def test_several_gpus_per_node_take_the_node_exclusively(h: Harness) -> None:
-    rc, job = h.submit(None, tres_per_node="gres:gpu:4")
+    rc, job = h.submit(None, tres_per_node="gres/gpu:4")
     assert rc == 0
-    assert job.tres_per_node == "gres:gpu:4" and job.shared == 0
+    assert job.tres_per_node == "gres/gpu:4" and job.shared == 0
     assert job.admin_comment is None
 
 
 def test_jobs_without_gpus_are_untouched(h: Harness) -> None:
-    rc, job = h.submit(None, tres_per_node="gres:license:1")
-    assert rc == 0 and job.tres_per_node == "gres:license:1" and job.shared is None
+    rc, job = h.submit(None, tres_per_node="gres/license:1")
+    assert rc == 0 and job.tres_per_node == "gres/license:1" and job.shared is None
+
+
+# ------------------------------------------------------------------ TRES spelling (24.11+)
+# Slurm 24.11+ hands a user's --gres=gpu:1 / --gpus=1 to job_submit.lua as "gres/gpu:1"
+# and refuses a job whose job_submit.lua wrote "gres:shard:K" ("Invalid Trackable
+# RESource (TRES) specification"). The filter reads both spellings and writes only
+# the slash form.
+SPELLINGS = ["gres/", "gres:", "GRES/"]
+
+
+def _slash_only(job: Any) -> None:
+    for f in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"):
+        value = getattr(job, f)
+        assert value is None or "gres:" not in value.lower(), (f, value)
+
+
+@pytest.mark.parametrize("prefix", SPELLINGS)
+@pytest.mark.parametrize("field", ["tres_per_node", "tres_per_job"])
+def test_one_gpu_in_either_spelling_becomes_slash_shards(h: Harness, prefix: str,
+                                                         field: str) -> None:
+    rc, job = h.submit(None, **{field: f"{prefix}gpu:1"})
+    assert rc == 0, h.user_msgs
+    assert job.tres_per_node == "gres/shard:40"
+    assert parse_record(job.admin_comment).mode == "whole"  # type: ignore[union-attr]
+    _slash_only(job)
+
+
+@pytest.mark.parametrize("prefix", SPELLINGS)
+def test_colloc_job_writes_slash_shards_and_normalises_kept_gres(h: Harness,
+                                                                 prefix: str) -> None:
+    rc, job = h.submit({"colloc_mem": "3G"}, tres_per_node=f"{prefix}nvme:1")
+    assert rc == 0, h.user_msgs
+    assert job.tres_per_node == "gres/nvme:1,gres/shard:3"
+
+
+@pytest.mark.parametrize("prefix", SPELLINGS)
+def test_whole_gpu_keeps_other_gres_in_slash_form(h: Harness, prefix: str) -> None:
+    rc, job = h.submit(None, tres_per_node=f"{prefix}nvme:2,{prefix}gpu:a100:1")
+    assert rc == 0, h.user_msgs
+    assert job.tres_per_node == "gres/nvme:2,gres/shard:40"
+
+
+@pytest.mark.parametrize("prefix", SPELLINGS)
+def test_gpu_requests_in_either_spelling_are_seen(h: Harness, prefix: str) -> None:
+    # a --colloc job with a GPU request is refused whichever way Slurm spells it
+    rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_node=f"{prefix}gpu:1")
+    assert rc not in (0, None) and "--gres=gpu" in h.user_msgs[-1]
+    # several GPUs: nodes exclusively, the request as Slurm gave it
+    rc, job = h.submit(None, tres_per_node=f"{prefix}gpu:4")
+    assert rc == 0 and job.shared == 0 and job.tres_per_node == f"{prefix}gpu:4"
+    # a user's update adding a GPU is refused in either spelling
+    assert _modify(h, 1000, None, tres_per_node=f"{prefix}gpu:1") != 0
+
+
+@pytest.mark.parametrize("prefix", SPELLINGS)
+def test_plain_shards_in_either_spelling_are_recorded_and_bounded(h: Harness,
+                                                                  prefix: str) -> None:
+    rc, job = h.submit(None, tres_per_node=f"{prefix}shard:5")
+    assert rc == 0 and parse_record(job.admin_comment).shards == 5  # type: ignore[union-attr]
+    rc, _ = h.submit(None, tres_per_node=f"{prefix}shard:41")
+    assert rc not in (0, None) and "does not fit one GPU" in h.user_msgs[-1]
+
+
+def test_unreadable_gpu_request_names_the_slash_form(h: Harness) -> None:
+    rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_node="gres/gpu:x:y:1")
+    assert rc not in (0, None)
+    assert "expected gres/NAME[:TYPE][:COUNT]" in h.user_msgs[-1]

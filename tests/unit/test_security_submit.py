@@ -45,10 +45,10 @@ def _modify(h: Harness, uid: int, rec: dict[str, Any], **desc: Any) -> int:
 
 # ------------------------------------------------------------------ M4: whole-GPU guard
 @pytest.mark.parametrize("fields", [
-    {"tres_per_task": "gres:gpu:1"},                      # --gpus-per-task=1
-    {"tres_per_socket": "gres:gpu:1"},                    # --gpus-per-socket=1
-    {"tres_per_task": "gres:gpu:a100:1", "num_tasks": 4},
-    {"tres_per_job": "gres:gpu:1", "tres_per_task": "gres:gpu:1"},
+    {"tres_per_task": "gres/gpu:1"},                      # --gpus-per-task=1
+    {"tres_per_socket": "gres/gpu:1"},                    # --gpus-per-socket=1
+    {"tres_per_task": "gres/gpu:a100:1", "num_tasks": 4},
+    {"tres_per_job": "gres/gpu:1", "tres_per_task": "gres/gpu:1"},
 ])
 def test_m4_gpus_per_task_or_socket_take_nodes_exclusively(
         h: Harness, fields: dict[str, Any]) -> None:
@@ -64,11 +64,11 @@ def test_m4_gpus_per_task_or_socket_take_nodes_exclusively(
 
 
 @pytest.mark.parametrize("fields", [
-    {"tres_per_node": "gres:gpu:1,gres:shard:5"},
-    {"tres_per_node": "gres:shard:5,gres:gpu:a100:1"},
-    {"tres_per_job": "gres:gpu:1", "tres_per_node": "gres:shard:5"},
-    {"tres_per_task": "gres:gpu:1", "tres_per_node": "gres:shard:5"},
-    {"tres_per_node": "gres:shard:a100:5", "tres_per_job": "gres:gpu:2"},
+    {"tres_per_node": "gres/gpu:1,gres:shard:5"},
+    {"tres_per_node": "gres/shard:5,gres:gpu:a100:1"},
+    {"tres_per_job": "gres/gpu:1", "tres_per_node": "gres/shard:5"},
+    {"tres_per_task": "gres/gpu:1", "tres_per_node": "gres/shard:5"},
+    {"tres_per_node": "gres/shard:a100:5", "tres_per_job": "gres/gpu:2"},
 ])
 def test_m4_gpu_and_shard_mix_refused(h: Harness, fields: dict[str, Any]) -> None:
     """M4: a gpu+shard mix was recorded as mode=shards (MPS-limited) while holding a GPU."""
@@ -78,16 +78,16 @@ def test_m4_gpu_and_shard_mix_refused(h: Harness, fields: dict[str, Any]) -> Non
 
 
 def test_m4_typed_shards_are_counted_and_bounded(h: Harness) -> None:
-    """M4: typed shards (gres:shard:a100:60) escaped the count and the one-GPU bound."""
-    rc, _ = h.submit(None, tres_per_node="gres:shard:a100:60")
+    """M4: typed shards (gres/shard:a100:60) escaped the count and the one-GPU bound."""
+    rc, _ = h.submit(None, tres_per_node="gres/shard:a100:60")
     _refused(h, rc, "does not fit one GPU")
-    rc, job = h.submit(None, tres_per_node="gres:shard:a100:5")
+    rc, job = h.submit(None, tres_per_node="gres/shard:a100:5")
     assert rc == 0, h.user_msgs
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "shards" and rec.shards == 5
 
 
-@pytest.mark.parametrize("tres", ["gres:shard:5,gres:shard:36", "gres:shard:2k", "gres:shard:x:y:1"])
+@pytest.mark.parametrize("tres", ["gres/shard:5,gres:shard:36", "gres/shard:2k", "gres/shard:x:y:1"])
 def test_m4_shard_requests_that_cannot_be_bounded_are_refused(h: Harness, tres: str) -> None:
     """M4: several shard entries, count suffixes and unreadable entries bypassed the bound."""
     rc, job = h.submit(None, tres_per_node=tres)
@@ -98,25 +98,25 @@ def test_m4_shard_requests_that_cannot_be_bounded_are_refused(h: Harness, tres: 
 @pytest.mark.parametrize("field", ["tres_per_job", "tres_per_task", "tres_per_socket"])
 def test_m4_shards_outside_tres_per_node_refused(h: Harness, field: str) -> None:
     """M4: shards asked per job/task/socket were neither counted nor recorded."""
-    rc, _ = h.submit(None, **{field: "gres:shard:50"})
+    rc, _ = h.submit(None, **{field: "gres/shard:50"})
     _refused(h, rc, "--gres=shard:N")
 
 
-@pytest.mark.parametrize("tres", ["gres:gpu:a100", "gres/gpu:a100:1", "gres:GPU:1"])
+@pytest.mark.parametrize("tres", ["gres:gpu:a100", "gres/gpu:a100", "gres/gpu:a100:1", "gres:GPU:1", "gres/GPU:1"])
 def test_m4_typed_or_odd_one_gpu_becomes_whole(h: Harness, tres: str) -> None:
     """M4: a typed GPU without a count (gres:gpu:a100) slipped past the guard."""
     rc, job = h.submit(None, tres_per_node=tres)
     assert rc == 0, h.user_msgs
-    assert job.tres_per_node == "gres:shard:40"
+    assert job.tres_per_node == "gres/shard:40"
     rec = parse_record(job.admin_comment)
     assert rec is not None and rec.mode == "whole"
 
 
 @pytest.mark.parametrize("fields", [
-    {"tres_per_node": "gres:gpu:a100:2"},
-    {"tres_per_job": "gres:gpu:a100:2"},
-    {"tres_per_node": "gres:gpu:1,gres:gpu:1"},
-    {"tres_per_job": "gres:gpu:1", "min_nodes": 2},
+    {"tres_per_node": "gres/gpu:a100:2"},
+    {"tres_per_job": "gres/gpu:a100:2"},
+    {"tres_per_node": "gres/gpu:1,gres:gpu:1"},
+    {"tres_per_job": "gres/gpu:1", "min_nodes": 2},
 ])
 def test_m4_several_gpus_are_not_squeezed(h: Harness, fields: dict[str, Any]) -> None:
     """M4: multi-GPU requests keep their GPUs and take their nodes exclusively."""
@@ -127,25 +127,25 @@ def test_m4_several_gpus_are_not_squeezed(h: Harness, fields: dict[str, Any]) ->
 
 def test_m4_whole_gpu_keeps_other_gres(h: Harness) -> None:
     """M4: turning gpu:1 into shards dropped the job's other gres (gres:nvme:1)."""
-    rc, job = h.submit(None, tres_per_node="gres:gpu:1,gres:nvme:1")
-    assert rc == 0 and job.tres_per_node == "gres:nvme:1,gres:shard:40"
+    rc, job = h.submit(None, tres_per_node="gres/gpu:1,gres:nvme:1")
+    assert rc == 0 and job.tres_per_node == "gres/nvme:1,gres/shard:40"
 
 
 def test_m4_colloc_with_typed_shards_refused(h: Harness) -> None:
     """M4: --colloc next to typed shards got its own shards added on top of them."""
-    rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_node="gres:shard:a100:60")
+    rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_node="gres/shard:a100:60")
     _refused(h, rc, "--colloc cannot be combined with --gres=shard")
-    rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_socket="gres:gpu:1")
+    rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_socket="gres/gpu:1")
     _refused(h, rc, "--colloc cannot be combined with --gres=gpu")
 
 
 @pytest.mark.parametrize("desc", [
-    {"tres_per_node": "gres:gpu:1"},
-    {"tres_per_node": "gres:shard:200"},
-    {"tres_per_node": "gres:shard:a100:5"},
-    {"tres_per_job": "gres:gpu:1"},
-    {"tres_per_task": "gres:gpu:1"},
-    {"tres_per_socket": "gres:gpu:2"},
+    {"tres_per_node": "gres/gpu:1"},
+    {"tres_per_node": "gres/shard:200"},
+    {"tres_per_node": "gres/shard:a100:5"},
+    {"tres_per_job": "gres/gpu:1"},
+    {"tres_per_task": "gres/gpu:1"},
+    {"tres_per_socket": "gres/gpu:2"},
 ])
 def test_m4_user_update_of_plain_job_to_gpus_or_shards_refused(
         h: Harness, desc: dict[str, Any]) -> None:
@@ -165,7 +165,7 @@ def test_m4_user_update_of_plain_job_to_gpus_or_shards_refused(
 ])
 def test_m4_user_update_of_recorded_job_refused(h: Harness, ac: str) -> None:
     """M4 (guard, passed before): users may not change the GPU request of a recorded job."""
-    assert _modify(h, 1000, {"admin_comment": ac}, tres_per_node="gres:shard:41") != 0
+    assert _modify(h, 1000, {"admin_comment": ac}, tres_per_node="gres/shard:41") != 0
     assert _modify(h, 1000, {"admin_comment": ac}, tres_per_node="") != 0
 
 
@@ -173,11 +173,11 @@ def test_m4_modify_still_lets_root_and_slurmuser_and_harmless_updates_through(h:
     """M4 (guard, passed before): the epilog's requeue (root) raises shards and rewrites
     the record; updates that touch no GPU request stay allowed."""
     rec = {"admin_comment": RECORD}
-    assert _modify(h, 0, rec, tres_per_node="gres:shard:40") == 0
-    assert _modify(h, 64030, rec, tres_per_node="gres:shard:40") == 0
+    assert _modify(h, 0, rec, tres_per_node="gres/shard:40") == 0
+    assert _modify(h, 64030, rec, tres_per_node="gres/shard:40") == 0
     assert _modify(h, 0, rec, admin_comment=FORGED) == 0
     assert _modify(h, 1000, rec, time_limit=10) == 0
-    assert _modify(h, 1000, {"admin_comment": None}, tres_per_node="gres:nvme:1") == 0
+    assert _modify(h, 1000, {"admin_comment": None}, tres_per_node="gres/nvme:1") == 0
     assert _modify(h, 1000, {"admin_comment": None}, tres_per_node="") == 0
 
 
@@ -191,9 +191,9 @@ def test_m4_user_cannot_rewrite_the_record_by_update(h: Harness) -> None:
 # ------------------------------------------------------------------ AdminComment
 @pytest.mark.parametrize("fields", [
     {},
-    {"tres_per_node": "gres:gpu:4"},
-    {"tres_per_node": "gres:license:1"},
-    {"tres_per_task": "gres:gpu:1"},
+    {"tres_per_node": "gres/gpu:4"},
+    {"tres_per_node": "gres/license:1"},
+    {"tres_per_task": "gres/gpu:1"},
 ])
 def test_admin_comment_from_user_is_cleared(h: Harness, fields: dict[str, Any]) -> None:
     """AdminComment: a user-supplied admin_comment (forged colloc1 record) survived submit."""
@@ -263,7 +263,7 @@ def test_percent_in_user_text_reaches_the_user(
 def test_percent_in_modify_messages(h: Harness) -> None:
     """Low (log_user format): messages on the modify path format user data as arguments."""
     assert _modify(h, 1000, {"admin_comment": RECORD, "job_id": "%s"},
-                   tres_per_node="gres:shard:3") != 0
+                   tres_per_node="gres/shard:3") != 0
     assert "%s" in h.user_msgs[-1]
 
 

@@ -36,8 +36,9 @@ job_desc.spank_job_env as _SLURM_SPANK_OPTION_colloc_<opt>=VALUE):
        mode=default   neither (cli_filter bypassed, or bare --colloc): the site
                       default (default_colloc_mib; 0 = a whole GPU), with a message
   3. turns it into gres/shard on one GPU: shards = ceil(need / shard_mib), added
-     to TresPerNode as gres:shard:K (Slurm then never promises a GPU more memory
-     than it has, because each GPU offers only gpu_memory_mib // shard_mib shards);
+     to TresPerNode as gres/shard:K (Slurm then never promises a GPU more memory
+     than it has, because each GPU offers only gpu_memory_mib // shard_mib shards;
+     24.11+ refuses the 22.05 spelling gres:shard:K, see add_shards);
   4. strips the estimate record from the comment (the user's own comment stays)
      and records the decision in AdminComment:
        colloc1:mode=M,need_mib=N,shards=K,shard_mib=S,alloc_mib=K*S
@@ -47,9 +48,10 @@ A job that asks for gres/shard without --colloc gets mode=shards, so the node
 scripts limit its memory to what it asked for (shards, typed or not, must be asked
 per node in one entry and fit one GPU).
 
-Whole GPUs next to shards: Slurm 22.05 does not keep gres/gpu and gres/shard apart
+Whole GPUs next to shards: Slurm 22.05 did not keep gres/gpu and gres/shard apart
 (seen on the devcluster: a --gres=gpu:1 job was given GPU 0 while three shard jobs ran
-on it). So in a listed partition a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1],
+on it); 23.11's CHANGELOG says that is fixed, which this project has not yet seen for
+itself on 24.11+. So, still, in a listed partition a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1],
 --gpus=1 on one node, --gpus-per-node=1) becomes all the shards of one GPU of that
 partition (mode=whole: the node scripts run it without MPS; the job's other gres stay),
 and a job that may hold more than one GPU of a node (several GPUs, --gpus on several
@@ -60,9 +62,11 @@ single shard count fits them all). A job asking for whole GPUs and shards togeth
 refused.
 
 All GPU requests are read from every TRES field (tres_per_node/job/socket/task), gres
-entries "gres:NAME[:TYPE][:COUNT]" (also "gres/"); an entry naming gpu or shard that
-cannot be read is refused, never ignored (outside the job's scope only when it names
-shard).
+entries "gres/NAME[:TYPE][:COUNT]" (how Slurm 24.11+ hands a user's --gres=gpu:1 or
+--gpus=1 to this script: "gres/gpu:1") and the older "gres:NAME[:TYPE][:COUNT]" (a
+site's chained script, an old habit); an entry naming gpu or shard that cannot be read
+is refused, never ignored (outside the job's scope only when it names shard). What this
+script writes is always "gres/..." (24.11+ refuses "gres:..." from a job_submit.lua).
 
 AdminComment belongs to this script: whatever a submitter put there is cleared
 (root/SlurmUser may keep a note of their own that is not a colloc record); the record is
@@ -314,10 +318,31 @@ local function shards_of(mib)
 	return math.floor(mib / COLLOC.shard_mib)
 end
 
+-- Slurm 24.11+ reads a TRES request as TYPE/NAME[:TYPE]:COUNT ("gres/shard:4"); a
+-- job_submit.lua that writes the 22.05 spelling "gres:shard:4" has the job refused
+-- ("Invalid Trackable RESource (TRES) specification"). So every gres entry this script
+-- writes back, its own and the job's others it keeps, is in the slash form.
+local function slash_form(entry)
+	local body = string.match(entry, "^[gG][rR][eE][sS][:/](.*)$")
+	if body then return "gres/" .. body end
+	return entry
+end
+
+-- entries (strings) -> one TRES string in the slash form ("" for none).
+local function tres_join(entries)
+	local out = {}
+	for _, raw in ipairs(entries) do out[#out + 1] = slash_form(raw) end
+	return table.concat(out, ",")
+end
+
+-- The job's TRES string with K shards added (one GPU's worth at most, checked before).
 local function add_shards(tres, k)
-	local piece = "gres:shard:" .. k
-	if type(tres) == "string" and tres ~= "" then return tres .. "," .. piece end
-	return piece
+	local entries = {}
+	if type(tres) == "string" then
+		for raw in string.gmatch(tres, "[^,]+") do entries[#entries + 1] = raw end
+	end
+	entries[#entries + 1] = "gres/shard:" .. k
+	return tres_join(entries)
 end
 
 local function is_trusted(uid)
@@ -546,7 +571,7 @@ end
 
 -- A TRES string's entries other than gpu (only called when it asks for no shards).
 local function without_gpus(r)
-	return table.concat(r.other, ",")
+	return tres_join(r.other)
 end
 
 local function exclusive(job_desc, submit_uid, why)
@@ -565,7 +590,7 @@ local function whole_gpu_submit(job_desc, req, submit_uid, names, shared, lo, hi
 	local single = next(req.gpu_fields, field) == nil and n == 1 and #req[field].gpu == 1
 	if not (single and (field == "tres_per_node" or (field == "tres_per_job" and one_node))) then
 		-- May hold several GPUs of a node (several GPUs, --gpus over several nodes,
-		-- --gpus-per-task, --gpus-per-socket): Slurm 22.05 could put shard jobs on them,
+		-- --gpus-per-task, --gpus-per-socket): Slurm 22.05 put shard jobs on them,
 		-- and squeezing them onto one GPU would be wrong; take the nodes whole.
 		return exclusive(job_desc, submit_uid, string.format("%d GPUs (%s)", req.gpus, field))
 	end
@@ -597,7 +622,7 @@ local function colloc_job_submit(job_desc, part_list, submit_uid)
 	local in_scope = sharing() and #shared > 0
 	if not req then
 		if opts ~= nil or in_scope or string.find(string.lower(err), "shard", 1, true) then
-			return reject(E_GRES, "%s (expected gres:NAME[:TYPE][:COUNT])", err)
+			return reject(E_GRES, "%s (expected gres/NAME[:TYPE][:COUNT])", err)
 		end
 		return slurm.SUCCESS
 	end
