@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from slurm_colloc.devcluster import hosts
+from slurm_colloc.devcluster import hosts, rootfs
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.daemons import DaemonError
 from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Spec
@@ -16,6 +16,46 @@ from slurm_colloc.devcluster.packages import PackageError
 root_option = click.option(
     "--root", type=click.Path(path_type=Path), default=DEFAULT_ROOT, show_default=True,
     envvar="COLLOC_DEVCLUSTER_ROOT", help="Directory holding all of the cluster's files.",
+)
+
+
+def _strip_slurm(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--slurm VERSION`` (the command inside runs natively)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--slurm":
+            skip = True
+        elif not a.startswith("--slurm="):
+            out.append(a)
+    return out
+
+
+def _on_release(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """Run this command in the Slurm release asked for: here when this process is
+    already in it (or ``native``: the host's own packages), else re-run inside that
+    release's root filesystem (built on first use) and exit with its status."""
+    import sys
+
+    here = rootfs.current()
+    want = value or here or rootfs.DEFAULT_RELEASE
+    if want == "native" or want == here:
+        return
+    try:
+        rc = rootfs.reexec(want, _strip_slurm(sys.argv[1:]))
+    except rootfs.RootfsError as e:
+        raise click.ClickException(str(e)) from e
+    ctx.exit(rc)
+
+
+slurm_option = click.option(
+    "--slurm", default=None, envvar="COLLOC_SLURM", expose_value=False, is_eager=True,
+    callback=_on_release, metavar="VERSION",
+    help=f"Slurm release: {', '.join(rootfs.RELEASES)} (Debian's packages in a root "
+         f"filesystem under {rootfs.BASE}, built on first use) or 'native' (this host's "
+         f"packages). [default: the release this runs in, else {rootfs.DEFAULT_RELEASE}]",
 )
 
 
@@ -32,6 +72,7 @@ SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "node
 
 
 @devcluster.command()
+@slurm_option
 @root_option
 @click.option("--nodes", default=1, show_default=True,
               help="Compute hosts; 2 or more: each in its own namespaces, GPUs of two sizes, "
@@ -80,6 +121,7 @@ def up(ctx: click.Context, root: Path, nodes: int, gpus: int | None, gpu_memory_
 
 
 @devcluster.command()
+@slurm_option
 @root_option
 @click.argument("daemon")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait per daemon.")
@@ -96,6 +138,7 @@ def restart(root: Path, daemon: str, timeout: float) -> None:
 
 
 @devcluster.command()
+@slurm_option
 @root_option
 @click.option("--keep-logs", type=click.Path(path_type=Path), default=None,
               help="Copy the daemons' logs here before removing the cluster.")
@@ -106,6 +149,7 @@ def down(root: Path, keep_logs: Path | None) -> None:
 
 
 @devcluster.command()
+@slurm_option
 @root_option
 def status(root: Path) -> None:
     """Show which daemons run; exit 1 unless all do."""
@@ -118,6 +162,7 @@ def status(root: Path) -> None:
 
 
 @devcluster.command(name="exec", context_settings={"ignore_unknown_options": True})
+@slurm_option
 @root_option
 @click.argument("host")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -137,7 +182,45 @@ def exec_(root: Path, host: str, argv: tuple[str, ...]) -> None:
 
 
 @devcluster.command()
+@slurm_option
 @root_option
 def env(root: Path) -> None:
     """Print export lines for a shell: eval "$(colloc devcluster env)"."""
     click.echo(Cluster.at(root).export_lines(), nl=False)
+
+
+@devcluster.command(context_settings={"ignore_unknown_options": True})
+@slurm_option
+@root_option
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def shell(root: Path, argv: tuple[str, ...]) -> None:
+    """Run a command (default: a shell) where the cluster's Slurm clients work, with its
+    environment: colloc devcluster shell --slurm 24.11 -- sinfo"""
+    import os
+    import subprocess
+
+    env = {**os.environ, **Cluster.at(root).env()}
+    raise SystemExit(subprocess.run(list(argv) or ["/bin/bash"], env=env,
+                                    check=False).returncode)
+
+
+@devcluster.command(name="rootfs")
+@click.option("--release", "version", default=rootfs.DEFAULT_RELEASE, show_default=True,
+              type=click.Choice(sorted(rootfs.RELEASES)))
+@click.option("--rebuild", is_flag=True, help="Build it again from Debian's archive.")
+@click.option("--remove", is_flag=True, help="Unmount and delete it.")
+def rootfs_(version: str, rebuild: bool, remove: bool) -> None:
+    """Build (or refresh) the root filesystem of a Slurm release, with the project
+    installed in its Python; --remove deletes it (never through its mounts)."""
+    rel = rootfs.release(version)
+    try:
+        if remove:
+            if rootfs.root_of(rel).exists():
+                rootfs.remove(rootfs.root_of(rel))
+            click.echo(f"removed {rootfs.root_of(rel)}")
+            return
+        root = rootfs.ensure(version, rebuild=rebuild)
+        rootfs.ensure_venv(root)
+    except rootfs.RootfsError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"Slurm {version} root filesystem ready: {root}")

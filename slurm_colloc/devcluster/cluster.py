@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_colloc.devcluster import configs, daemons, hosts
+from slurm_colloc.devcluster import configs, daemons, hosts, slurm_release
 from slurm_colloc.devcluster.daemons import Daemon, DaemonError
 from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Layout, NodePlan, Spec
 from slurm_colloc.devcluster.packages import ensure_packages
@@ -166,7 +166,7 @@ class Cluster:
             ),
             Daemon(
                 "slurmdbd", ("/usr/sbin/slurmdbd",), L.run / "slurmdbd.pid",
-                L.log / "slurmdbd.log", "slurmdbd",
+                L.log / "slurmdbd.log", "slurmdbd", extra_env=slurm_release.slurmdbd_env(),
             ),
             Daemon(
                 "slurmctld", ("/usr/sbin/slurmctld",), L.run / "slurmctld.pid",
@@ -418,7 +418,11 @@ class Cluster:
         password = configs.new_password()
         (L.root / "db.password").write_text(password)
         (L.root / "db.password").chmod(0o600)
-        L.slurm_conf.write_text(configs.slurm_conf(s, L, self._node_scripts()))
+        version = slurm_release.installed_version()
+        L.slurm_conf.write_text(configs.slurm_conf(s, L, self._node_scripts(), version))
+        cgroup = slurm_release.cgroup_conf(version)
+        if cgroup is not None:
+            (L.etc / "cgroup.conf").write_text(cgroup)
         (L.etc / "gres.conf").write_text(configs.gres_conf(s, L))
         dbd = L.etc / "slurmdbd.conf"
         dbd.write_text(configs.slurmdbd_conf(s, L, password))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
+from slurm_colloc.devcluster import slurm_release
 from slurm_colloc.devcluster.layout import (
     WHOLE_PARTITION,
     Layout,
@@ -43,8 +44,10 @@ def gres_conf(spec: Spec, layout: Layout) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None = None) -> str:
-    """slurm.conf for one controller and one node with simulated GPUs."""
+def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None = None,
+               version: tuple[int, int] = (26, 5)) -> str:
+    """slurm.conf for one controller and one node with simulated GPUs, for the
+    Slurm release ``version`` (major, minor) that will read it."""
     host = controller_hostname()
     munge = f"socket={layout.munge_socket}"
     addr = spec.controller_addr()
@@ -78,7 +81,7 @@ def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None 
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core_Memory",
+        f"SelectTypeParameters={slurm_release.select_parameters(version)}",
         "SchedulerType=sched/backfill",
         "SchedulerParameters=sched_interval=2,bf_interval=5,defer_batch",
         "GresTypes=gpu,shard",

@@ -38,6 +38,9 @@ class Daemon:
     capture_file: Path | None = None
     """Where the daemon's stdout/stderr go if not into ``log_file`` (munged insists on
     owning its log file)."""
+    extra_env: tuple[tuple[str, str], ...] = ()
+    """Variables set for this daemon only (slurmdbd's MariaDB client library on
+    Debian 13 and newer, see :mod:`slurm_colloc.devcluster.rootfs`)."""
 
 
 def read_pid(pid_file: Path) -> int | None:
@@ -96,7 +99,7 @@ def start(d: Daemon, env: dict[str, str], ready: Callable[[], bool], timeout: fl
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env={**env, **dict(d.extra_env)},
             start_new_session=True,
         )
     if d.foreground:
