@@ -12,6 +12,7 @@ from slurm_colloc import config as config_mod
 from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.site import doctor as doctor_mod
 from slurm_colloc.site import install as site
+from slurm_colloc.site import releases
 
 slurm_conf_option = click.option(
     "--slurm-conf", type=click.Path(path_type=Path), default=None,
@@ -31,6 +32,19 @@ def _load_config() -> config_mod.CollocConfig:
     try:
         return config_mod.load()
     except config_mod.ConfigError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _supported_release() -> releases.SlurmRelease:
+    """This host's Slurm release, or one line refusing it (exit 2).
+
+    Install and doctor refuse an unsupported release before anything else: a plugin
+    built for it would not match, and the Lua would write what it does not accept
+    (or the reverse); the supported range lives in :mod:`slurm_colloc.site.releases`.
+    """
+    try:
+        return releases.check_supported()
+    except releases.ReleaseError as e:
         raise click.ClickException(str(e)) from e
 
 
@@ -97,6 +111,7 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     """
     conf = _slurm_conf(slurm_conf)
     cfg = _load_config()
+    release = _supported_release()
     try:
         chain = site.load_site_job_submit(chain_path) if chain_path else None
     except site.InstallError as e:
@@ -109,17 +124,19 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
         headers, missing = None, str(e)
     if not apply_:
         click.echo(site.render_plan(conf.parent, lib_dir, settings, types, headers=headers,
-                                    chain=chain), nl=False)
+                                    chain=chain, slurm_release=release), nl=False)
         if missing:
             click.echo(f"\nwarning: {missing}")
         return
     try:
         res = site.install(conf.parent, lib_dir, settings, force=force, include=slurm_include,
-                           chain=chain)
+                           chain=chain, slurm_release=release)
     except site.InstallError as e:
         raise click.ClickException(str(e)) from e
     for p in res.written:
         click.echo(f"wrote {p}")
+    click.echo(f"SPANK plugin built for Slurm {res.plugin_release or '(unknown headers)'}; "
+               f"this host runs Slurm {release}")
     click.echo(f"\nshard = {settings.shard_mib} MiB, GPU = {settings.gpu_memory_mib} MiB, "
                f"{settings.jobs_mib} MiB for jobs ({settings.shards_per_gpu} shards), "
                f"estimator = {settings.estimator}")
@@ -196,13 +213,27 @@ def gres_conf(device_pattern: str, node_name: str | None) -> None:
 @click.option("--offline", is_flag=True, help="Only check files; do not ask slurmctld.")
 @click.option("--gpus", "check_gpus", is_flag=True,
               help="Also check this node's GPUs (backend, compute mode); run on a GPU node.")
-def doctor(slurm_conf: Path | None, offline: bool, check_gpus: bool) -> None:
-    """Check the submit path's configuration; exit 1 if anything is wrong."""
+@click.option("--submit-as", "submit_as", default="nobody", show_default=True,
+              envvar="COLLOC_DOCTOR_USER",
+              help="Unprivileged user for the test submission (sbatch --test-only "
+                   "--colloc-mem=2G, through runuser when run as root); needs a Slurm "
+                   "account where associations are enforced. Env: COLLOC_DOCTOR_USER.")
+def doctor(slurm_conf: Path | None, offline: bool, check_gpus: bool, submit_as: str) -> None:
+    """Check the submit path's configuration; exit 1 if anything is wrong.
+
+    Without --offline it also submits a colloc job with --test-only as an unprivileged
+    user: the question users will ask, answered by the running controller.
+    """
     conf = _slurm_conf(slurm_conf)
     cfg = _load_config()
-    findings = doctor_mod.check_files(conf, cfg)
+    release = _supported_release()
+    findings = [doctor_mod.Finding("ok", "Slurm release", f"{release} (supported: "
+                                   f"{releases.SUPPORTED_RANGE})")]
+    findings += doctor_mod.check_files(conf, cfg, release)
     if not offline:
         findings += doctor_mod.check_live()
+        findings.append(doctor_mod.check_submit(
+            submit_as, conf if slurm_conf or os.environ.get("SLURM_CONF") else None))
     if check_gpus:
         findings += doctor_mod.check_gpus(cfg, conf.parent / "gres.conf")
         findings += doctor_mod.check_node(cfg, conf)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from slurm_colloc import __version__
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.site.install import MARKER, PLUGIN_NAME
+from slurm_colloc.site.releases import SlurmRelease, plugin_release
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmCli, SlurmError
 
 if TYPE_CHECKING:
@@ -68,14 +69,19 @@ def _lua_number(text: str, key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def check_files(slurm_conf: Path, cfg: CollocConfig) -> list[Finding]:
-    """Static checks of slurm.conf, plugstack, the Lua filters and gres.conf."""
+def check_files(slurm_conf: Path, cfg: CollocConfig, running: SlurmRelease | None = None,
+                ) -> list[Finding]:
+    """Static checks of slurm.conf, plugstack, the Lua filters and gres.conf.
+
+    ``running``: the Slurm release this host runs; the SPANK plugin must have been
+    built for the same major release (:func:`check_plugin_release`).
+    """
     if not slurm_conf.exists():
         return [Finding("fail", f"{slurm_conf} not found", "set SLURM_CONF or --slurm-conf")]
     conf = read_conf(slurm_conf)
     d = slurm_conf.parent
-    return [*_check_conf_keys(conf), _check_plugin(conf, d), *_check_lua(d, cfg),
-            _check_gres(d / "gres.conf")]
+    return [*_check_conf_keys(conf), *_check_plugin(conf, d, running, slurm_conf),
+            *_check_lua(d, cfg), _check_gres(d / "gres.conf")]
 
 
 def _check_conf_keys(conf: dict[str, str]) -> list[Finding]:
@@ -95,15 +101,49 @@ def _check_conf_keys(conf: dict[str, str]) -> list[Finding]:
     ]
 
 
-def _check_plugin(conf: dict[str, str], d: Path) -> Finding:
+def _check_plugin(conf: dict[str, str], d: Path, running: SlurmRelease | None,
+                  slurm_conf: Path) -> list[Finding]:
     plugstack = Path(conf.get("plugstackconfig", str(d / "plugstack.conf")))
     ours = [p for p in _plugstack_plugins(plugstack) if p.endswith(PLUGIN_NAME)]
     if not ours:
-        return Finding("fail", "SPANK plugin", f"{plugstack} loads no {PLUGIN_NAME}; "
-                       "run `colloc admin install` and set PlugStackConfig")
+        return [Finding("fail", "SPANK plugin", f"{plugstack} loads no {PLUGIN_NAME}; "
+                        "run `colloc admin install` and set PlugStackConfig")]
     if not Path(ours[0]).exists():
-        return Finding("fail", "SPANK plugin", f"{ours[0]} does not exist; rerun install")
-    return Finding("ok", "SPANK plugin", ours[0])
+        return [Finding("fail", "SPANK plugin", f"{ours[0]} does not exist; rerun install")]
+    found = [Finding("ok", "SPANK plugin", ours[0])]
+    if running is not None:
+        found.append(check_plugin_release(Path(ours[0]), running, slurm_conf))
+    return found
+
+
+def rebuild_command(plugin: Path, slurm_conf: Path) -> str:
+    """The command that rebuilds ``plugin`` where it is (same --lib-dir, same site)."""
+    return (f"colloc admin install --apply --slurm-conf {slurm_conf} --lib-dir {plugin.parent}")
+
+
+def check_plugin_release(plugin: Path, running: SlurmRelease, slurm_conf: Path) -> Finding:
+    """The SPANK plugin was built for the major release this host runs.
+
+    Slurm loads a plugin only for its own major release; the plugin is ``optional`` in
+    plugstack, so a stale one (after a Slurm upgrade) is skipped without an error and
+    ``sbatch`` simply forgets ``--colloc``. The plugin carries the release of the headers
+    it was built against (``colloc_spank.c``, :data:`releases.PLUGIN_MARK`).
+    """
+    what = "SPANK plugin Slurm release"
+    try:
+        built = plugin_release(plugin.read_bytes())
+    except OSError as e:
+        return Finding("fail", what, f"{plugin}: {e.strerror}")
+    how = (f"rebuild it against Slurm {running.series}'s headers: "
+           f"{rebuild_command(plugin, slurm_conf)} (headers: apt-get install libslurm-dev, or "
+           "--slurm-include DIR), then copy it to every login host and node")
+    if built is None:
+        return Finding("warn", what, f"{plugin} does not say which Slurm it was built for "
+                       f"(built by an older slurm-colloc); this host runs {running}: {how}")
+    if not built.same_series(running):
+        return Finding("fail", what, f"{plugin} was built for Slurm {built}, this host runs "
+                       f"{running}: Slurm will not load it (sbatch loses --colloc); {how}")
+    return Finding("ok", what, f"built for Slurm {built}, running {running}")
 
 
 def _check_lua(d: Path, cfg: CollocConfig) -> list[Finding]:
@@ -117,7 +157,13 @@ def _check_lua(d: Path, cfg: CollocConfig) -> list[Finding]:
         else:
             f.append(Finding("ok", lua.name, str(lua)))
     if js.exists():
-        shard = _lua_number(js.read_text(errors="replace"), "shard_mib")
+        js_text = js.read_text(errors="replace")
+        if re.search(r'"gres:shard:"\s*\.\.', js_text):
+            f.append(Finding("fail", "job_submit.lua TRES spelling", f"{js} writes "
+                             "gres:shard:K, which Slurm 24.11+ refuses for every --colloc "
+                             "job (\"Invalid Trackable RESource (TRES) specification\"); "
+                             "re-render it: colloc admin install --apply"))
+        shard = _lua_number(js_text, "shard_mib")
         if shard != cfg.shard_mib:
             f.append(Finding("fail", "shard size", f"job_submit.lua has shard_mib={shard}, "
                              f"colloc.conf {cfg.shard_mib}; rerun `colloc admin install`"))
@@ -697,3 +743,89 @@ def check_scripts(slurm_conf: Path | None = None, *, which: Which = shutil.which
         else:
             out.append(Finding("ok", what, f"{how}: {version}"))
     return out
+
+
+# --- the submit path, end to end ---------------------------------------------------------
+
+SUBMIT_PROBE = ("--test-only", "--colloc-mem=2G", "--job-name=colloc-doctor", "--time=1",
+                "--chdir=/tmp", "--output=/dev/null", "--wrap=true")
+"""What :func:`check_submit` asks sbatch: ``--colloc-mem`` is the plugin's option
+(colloc_spank.c), so the plugin, cli_filter.lua and job_submit.lua all take part;
+``--test-only`` makes slurmctld run job_submit.lua and schedule the job on paper,
+and submit nothing."""
+
+# Slurm's refusal -> what to do about it
+_SUBMIT_HINTS: tuple[tuple[str, str], ...] = (
+    ("invalid trackable resource", "slurmctld refused the TRES request job_submit.lua wrote "
+     "(24.11+ takes only gres/shard:K): re-render it with colloc admin install --apply, then "
+     "scontrol reconfigure"),
+    ("unrecognized option", "sbatch does not know --colloc-mem: the SPANK plugin did not "
+     "load here (see the plugin lines above)"),
+    ("invalid account", "the user has no Slurm account: pass --submit-as USER, a user with "
+     "an association"),
+    ("association", "the user has no Slurm association: pass --submit-as USER, a user with "
+     "one"),
+    ("requested node configuration is not available", "no node offers shards for this job: "
+     "node Gres=...,shard:N in slurm.conf, gres.conf (colloc admin gres-conf)"),
+    ("invalid generic resource", "gres/shard is not configured: GresTypes=gpu,shard and "
+     "the nodes' Gres=...,shard:N"),
+)
+
+
+def _submit_run(argv: Sequence[str]) -> tuple[int, str]:
+    """sbatch --test-only waits for the controller: a longer limit than other probes."""
+    return _run(argv, timeout=60.0)
+
+
+def submit_argv(user: str, *, euid: int, sbatch: str, runuser: str | None,
+                slurm_conf: Path | None = None) -> tuple[list[str], str]:
+    """(argv of the probe submission, who it runs as).
+
+    As root it runs as ``user`` through ``runuser`` (job_submit.lua treats root as
+    trusted, so a submission by root proves nothing about users'); otherwise as the
+    caller, who cannot switch users. ``SLURM_CONF`` is passed on explicitly.
+    """
+    env = ["env", f"SLURM_CONF={slurm_conf}"] if slurm_conf is not None else []
+    probe = [*env, sbatch, *SUBMIT_PROBE]
+    if euid == 0:
+        if runuser is None:
+            return [], "runuser not found (util-linux): cannot submit as another user"
+        return [runuser, "-u", user, "--", *probe], user
+    import pwd
+
+    try:
+        me = pwd.getpwuid(euid).pw_name
+    except KeyError:
+        me = f"uid {euid}"
+    return probe, f"{me} (not root: cannot switch to {user})" if me != user else me
+
+
+def check_submit(user: str = "nobody", slurm_conf: Path | None = None, *,
+                 run: Runner = _submit_run, which: Which = shutil.which,
+                 euid: int | None = None) -> Finding:
+    """A real ``sbatch --test-only --colloc-mem=2G`` as an unprivileged user.
+
+    The files can all look right while users' submissions fail: a job_submit.lua that
+    writes what this Slurm refuses, a plugin that does not load, a partition without
+    shards. This asks the running controller the question users will ask, and reports
+    Slurm's own words when it says no.
+    """
+    what = f"sbatch --test-only --colloc-mem=2G as {user}"
+    sbatch = which("sbatch")
+    if sbatch is None:
+        return Finding("fail", what, "sbatch not on PATH (slurm-client)")
+    argv, who = submit_argv(user, euid=os.geteuid() if euid is None else euid, sbatch=sbatch,
+                            runuser=which("runuser"), slurm_conf=slurm_conf)
+    if not argv:
+        return Finding("fail", what, who)
+    what = f"sbatch --test-only --colloc-mem=2G as {who}"
+    rc, out = run(argv)
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    if rc == 0:
+        said = next((ln for ln in lines if "to start at" in ln), lines[-1] if lines else "")
+        return Finding("ok", what, f"accepted: {said[:300]}")
+    errors = [ln for ln in lines if "error" in ln.lower()] or lines[-3:] or [f"exit {rc}"]
+    text = " | ".join(errors)[:800]
+    hints = [h for needle, h in _SUBMIT_HINTS if needle in out.lower()]
+    return Finding("fail", what, f"refused (exit {rc}): {text}"
+                   + (f"; {hints[0]}" if hints else ""))

@@ -23,6 +23,12 @@ from typing import Any
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
 from slurm_colloc.gpu.budget import budget, budget_of
+from slurm_colloc.site.releases import (
+    SUPPORTED_RANGE,
+    SlurmRelease,
+    parse_header_release,
+    plugin_release,
+)
 
 CFLAGS = (
     "-Wall", "-Wextra", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-O2", "-fPIC",
@@ -429,6 +435,33 @@ def find_spank_header(include: Path | None = None, env: Mapping[str, str] | None
     )
 
 
+def header_release(headers: Path) -> SlurmRelease | None:
+    """The Slurm release of the headers in ``headers`` (``slurm_version.h``), or None.
+
+    A plugin is built for the release of its headers (``SPANK_PLUGIN`` compiles in
+    their ``SLURM_VERSION_NUMBER``, and Slurm loads a plugin only for its own major
+    release), so this is what the plugin will be for.
+    """
+    try:
+        text = (headers / "slurm_version.h").read_text(errors="replace")
+    except OSError:
+        return None
+    return parse_header_release(text)
+
+
+def check_headers_match(headers: Path, running: SlurmRelease) -> SlurmRelease | None:
+    """The headers' release; :class:`InstallError` when it is another major release
+    than ``running``: the plugin would build, then not load (sbatch would silently
+    forget ``--colloc``, the plugin being ``optional``)."""
+    built = header_release(headers)
+    if built is not None and not built.same_series(running):
+        raise InstallError(
+            f"{headers}/spank.h is Slurm {built}'s but this host runs Slurm {running}: a "
+            f"plugin built from it would not load. Install Slurm {running.series}'s headers "
+            f"({HEADER_PACKAGES}) or pass --slurm-include DIR")
+    return built
+
+
 def build_spank_plugin(dest: Path, *, cc: str | None = None,
                        include: Path | None = None) -> Path:
     """Compile the SPANK plugin against the installed Slurm headers into ``dest``."""
@@ -478,6 +511,8 @@ class InstallResult:
     written: list[Path] = field(default_factory=list)
     slurm_conf_lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    plugin_release: SlurmRelease | None = None
+    """The Slurm release of the headers the plugin was built against (None: unknown)."""
 
 
 def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
@@ -497,6 +532,7 @@ def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
 def install(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, *, force: bool = False,
     cc: str | None = None, include: Path | None = None, chain: SiteScript | None = None,
+    slurm_release: SlurmRelease | None = None,
 ) -> InstallResult:
     """Build the plugin into ``lib_dir``; write the Lua filters and plugstack drop-in.
 
@@ -506,12 +542,17 @@ def install(
     when missing, and left alone with a note when it exists without that include.
     ``chain``: the site's own job_submit.lua, embedded to run first; when it is the
     file being replaced, a copy is kept as ``job_submit.lua.pre-colloc``.
+    ``slurm_release``: the release this site runs (``colloc admin install`` detects
+    it); headers of another major release are refused before anything is written.
     """
     res = InstallResult()
-    conf_dir.mkdir(parents=True, exist_ok=True)
     js_text = render_job_submit(settings, chain)  # before building: fail early
+    if slurm_release is not None:
+        check_headers_match(find_spank_header(include), slurm_release)
+    conf_dir.mkdir(parents=True, exist_ok=True)
     plugin = build_spank_plugin(lib_dir / PLUGIN_NAME, cc=cc, include=include)
     res.written.append(plugin)
+    res.plugin_release = plugin_release(plugin.read_bytes())  # what doctor will read
     js = conf_dir / "job_submit.lua"
     js_force = force
     if chain is not None and js.exists() and js.resolve() == Path(chain.path).resolve():
@@ -554,6 +595,10 @@ def plugstack_include(conf_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------ the site's plan
+SELECT_TYPE_PARAMETERS = "SelectTypeParameters=CR_Core_Memory,LL_SHARED_GRES"
+SITE_WIDE_KEYS = ("selecttype=", "selecttypeparameters=", "grestypes=")
+"""slurm.conf settings colloc recommends but a site uses for more than colloc: never
+listed for removal by ``colloc admin uninstall``."""
 NODE_SCRIPTS = {"Prolog": "colloc-prolog", "TaskProlog": "colloc-task-prolog",
                 "Epilog": "colloc-epilog"}
 
@@ -573,6 +618,11 @@ def site_slurm_conf(conf_dir: Path, bin_dir: Path | None = None) -> list[str]:
     scripts = node_script_paths(bin_dir)
     return [
         "SelectType=select/cons_tres",
+        "# LL_SHARED_GRES (23.11+): a shard job goes to the node's least-loaded GPU, so",
+        "# co-located jobs spread over the GPUs (less interference, fewer jobs hit by one",
+        "# GPU's MPS fault) instead of filling GPU 0 first; without it whole GPUs stay",
+        "# free longer. Keep your site's CR_* value and append LL_SHARED_GRES",
+        SELECT_TYPE_PARAMETERS,
         "GresTypes=gpu,shard",
         *slurm_conf_lines(conf_dir),
         *(f"{k}={v}" for k, v in scripts.items()),
@@ -634,18 +684,21 @@ def scope_lines(settings: SiteSettings, chain: SiteScript | None = None) -> list
 def render_plan(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, types: Sequence[NodeType] = (),
     *, bin_dir: Path | None = None, headers: Path | str | None = None,
-    chain: SiteScript | None = None,
+    chain: SiteScript | None = None, slurm_release: SlurmRelease | None = None,
 ) -> str:
     """The whole site set-up as text, per role: what ``--apply`` writes, what to add."""
     slurm_conf = conf_dir / "slurm.conf"
     plugin = lib_dir / PLUGIN_NAME
     out = ["# slurm-colloc site set-up (dry run: nothing written; --apply writes the files)",
            f"# shard = {settings.shard_mib} MiB; estimator (cli_filter) = {settings.estimator}",
+           f"# Slurm: {slurm_release or 'not checked'} (supported: {SUPPORTED_RANGE})",
            "", f"## slurm.conf ({slurm_conf}; the same file on every host), then "
            "`scontrol reconfigure`", *site_slurm_conf(conf_dir, bin_dir), ""]
     out += ["## files `colloc admin install --apply` writes (run it on the controller)"]
     out += [f"{p}  # {what}" for p, what in planned_files(conf_dir, lib_dir)]
-    out += [f"# Slurm headers for the plugin: {headers or 'NOT FOUND (see --slurm-include)'}",
+    built = header_release(Path(headers)) if headers else None
+    out += [f"# Slurm headers for the plugin: {headers or 'NOT FOUND (see --slurm-include)'}"
+            + (f" (Slurm {built})" if built else ""),
             "", f"## {conf_dir / 'plugstack.conf'} (written when missing; else add this line)",
             plugstack_include(conf_dir),
             f"## {plugstack_dropin(conf_dir)} (written)", plugstack_line(plugin), ""]
@@ -710,11 +763,12 @@ def plan_uninstall(conf_dir: Path, lib_dir: Path, bin_dir: Path | None = None,
         if path.exists():
             (plan.remove if carries_marker(path) else plan.foreign).append(path)
     slurm_conf = conf_dir / "slurm.conf"
-    ours = [ln for ln in site_slurm_conf(conf_dir, bin_dir) if not ln.startswith("#")]
+    ours = [ln for ln in site_slurm_conf(conf_dir, bin_dir)
+            if not ln.startswith("#") and not ln.lower().startswith(SITE_WIDE_KEYS)]
     if slurm_conf.exists():
         plan.slurm_conf_lines = [
             ln.strip() for ln in slurm_conf.read_text(errors="replace").splitlines()
-            if _colloc_line(ln, ours[2:])
+            if _colloc_line(ln, ours)
         ]
     plugstack = conf_dir / "plugstack.conf"
     if plugstack in plan.foreign and plugstack_include(conf_dir) in plugstack.read_text(

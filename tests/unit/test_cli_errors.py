@@ -37,6 +37,12 @@ def env(tmp_path: Path) -> dict[str, str]:
         p = bin_ / tool
         p.write_text(f"#!/bin/sh\necho '{EMPTY_JSON}'\n")
         p.chmod(0o755)
+    # sinfo --version: a supported release here, Debian 12's in OLDSLURM
+    old = tmp_path / "old-slurm"
+    old.mkdir()
+    for d, line in ((bin_, "slurm 24.11.5"), (old, "slurm-wlm 22.05.8")):
+        (d / "sinfo").write_text(f"#!/bin/sh\necho '{line}'\n")
+        (d / "sinfo").chmod(0o755)
     conf = tmp_path / "colloc.conf"
     conf.write_text(f'metrics_dir = "{tmp_path / "metrics"}"\nhistory_source = "sqlite"\n'
                     f'history_db = "{tmp_path / "h.sqlite"}"\n')
@@ -44,7 +50,8 @@ def env(tmp_path: Path) -> dict[str, str]:
     broken.write_text("shard_mib = \n")
     summary = tmp_path / "s.txt"
     summary.write_text("not a model summary\n")
-    return {"PATH": f"{bin_}:{os.environ['PATH']}", "COLLOC_CONF": str(conf),
+    return {"PATH": f"{bin_}:{os.environ['PATH']}", "OLDSLURM": str(old),
+            "COLLOC_CONF": str(conf),
             "BROKEN": str(broken), "SUMMARY": str(summary), "TMP": str(tmp_path)}
 
 
@@ -79,6 +86,10 @@ CASES: list[tuple[str, list[str], dict[str, str]]] = [
                                      "{TMP}/slurm.conf"], {}),
     ("admin doctor: broken config", ["admin", "doctor", "--offline"],
      {"COLLOC_CONF": "{BROKEN}"}),
+    ("admin install: Slurm 22.05", ["admin", "install", "--slurm-conf", "{TMP}/slurm.conf",
+                                    "--gpu-memory-mib", "40960"],
+     {"PATH": "{OLDSLURM}:{PATH}"}),
+    ("admin doctor: Slurm 22.05", ["admin", "doctor", "--offline"], {"PATH": "{OLDSLURM}:{PATH}"}),
     ("selftest: not --gpu", ["selftest"], {}),
     ("unknown subcommand", ["nope"], {}),
     ("unknown option", ["report", "--bogus"], {}),

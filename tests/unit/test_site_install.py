@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -103,14 +104,27 @@ def test_record_roundtrip() -> None:
 
 
 # ------------------------------------------------------------------ dry run, headers, uninstall
-def _admin(args: list[str], tmp_path: Path) -> tuple[int, str]:
+def _admin(args: list[str], tmp_path: Path, slurm: str = "slurm 24.11.5") -> tuple[int, str]:
+    """``colloc admin ARGS`` with a stand-in ``sinfo --version`` printing ``slurm``."""
     from click.testing import CliRunner
 
     from slurm_colloc.cli.admin_cmd import admin
 
-    env = {"COLLOC_CONF": str(_colloc_conf(tmp_path)), "SLURM_INCLUDE_DIR": ""}
+    env = {"COLLOC_CONF": str(_colloc_conf(tmp_path)), "SLURM_INCLUDE_DIR": "",
+           "PATH": f"{_fake_sinfo(tmp_path, slurm)}:{os.environ['PATH']}"}
     r = CliRunner().invoke(admin, args, env=env, catch_exceptions=False)
     return r.exit_code, r.output
+
+
+def _fake_sinfo(tmp_path: Path, version_line: str) -> Path:
+    """A bin folder (not listed by :func:`_tree`) whose ``sinfo --version`` prints
+    ``version_line``."""
+    bin_ = tmp_path / "cfg" / "bin"
+    bin_.mkdir(parents=True, exist_ok=True)
+    sinfo = bin_ / "sinfo"
+    sinfo.write_text(f"#!/bin/sh\necho '{version_line}'\n")
+    sinfo.chmod(0o755)
+    return bin_
 
 
 def _colloc_conf(tmp_path: Path) -> Path:
@@ -165,7 +179,9 @@ def test_install_dry_run_warns_but_apply_fails_without_headers(tmp_path: Path) -
     from slurm_colloc.cli.admin_cmd import admin
 
     r = CliRunner().invoke(admin, [*args, "--apply"],
-                           env={"COLLOC_CONF": str(_colloc_conf(tmp_path))})
+                           env={"COLLOC_CONF": str(_colloc_conf(tmp_path)),
+                                "PATH": f"{_fake_sinfo(tmp_path, 'slurm 24.11.5')}:"
+                                        f"{os.environ['PATH']}"})
     assert r.exit_code != 0 and "spank.h not found" in r.output
     assert _tree(tmp_path) == []
 

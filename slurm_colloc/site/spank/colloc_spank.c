@@ -103,8 +103,21 @@ static long parse_size_mib(const char *s)
 #ifndef COLLOC_SIZE_PARSER_ONLY /* the unit test compiles the parser alone */
 
 #include <slurm/spank.h>
+#include <slurm/slurm_version.h>
 
 SPANK_PLUGIN(colloc, 1);
+
+/*
+ * The Slurm release whose headers built this plugin, as a string in the binary:
+ * Slurm loads a plugin only for its own major release, and an `optional` plugin that
+ * does not load just makes sbatch forget --colloc, silently. `colloc admin doctor`
+ * reads this (slurm_colloc/site/releases.py, PLUGIN_MARK) and compares it with the
+ * release the host runs. Not exported (the version script); `used` keeps it.
+ */
+#define COLLOC_STR_(x) #x
+#define COLLOC_STR(x) COLLOC_STR_(x)
+__attribute__((used)) const char colloc_built_for_slurm[] =
+	"colloc-slurm-version-number=" COLLOC_STR(SLURM_VERSION_NUMBER);
 
 #define LOG_PREFIX "colloc: "
 #define MAX_VALUE_LEN 4096
