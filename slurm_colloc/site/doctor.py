@@ -81,7 +81,28 @@ def check_files(slurm_conf: Path, cfg: CollocConfig, running: SlurmRelease | Non
     conf = read_conf(slurm_conf)
     d = slurm_conf.parent
     return [*_check_conf_keys(conf), *_check_plugin(conf, d, running, slurm_conf),
-            *_check_lua(d, cfg), _check_gres(d / "gres.conf")]
+            *_check_lua(d, cfg), _check_gres(d / "gres.conf"),
+            *check_cgroup_conf(d / "cgroup.conf", running)]
+
+
+def check_cgroup_conf(cgroup_conf: Path, running: SlurmRelease | None) -> list[Finding]:
+    """26.05+: cgroup v2 job directories named ``job_<id>`` (``CgroupJobIdPaths=yes``).
+
+    26.05 names them by SLUID; the prolog looks for ``job_<id>`` to put the hard
+    GPU-memory limit on the job's cgroup (r615 drivers), and without it says "no job
+    cgroup" and goes on without that limit. Nothing to check before 26.05, or where
+    the site has no cgroup.conf next to slurm.conf (configless, or cgroups disabled).
+    """
+    if running is None or (running.major, running.minor) < (26, 5) or not cgroup_conf.exists():
+        return []
+    conf = read_conf(cgroup_conf)
+    if conf.get("cgroupplugin", "").lower() == "disabled":
+        return []
+    if conf.get("cgroupjobidpaths", "").lower() == "yes":
+        return [Finding("ok", "cgroup.conf CgroupJobIdPaths", "yes: job cgroups are job_<id>")]
+    return [Finding("warn", "cgroup.conf CgroupJobIdPaths", f"Slurm {running} names job "
+                    "cgroups by SLUID; the prolog looks for job_<id> to set the hard GPU-memory "
+                    f"limit: add CgroupJobIdPaths=yes to {cgroup_conf} and restart slurmd")]
 
 
 def _check_conf_keys(conf: dict[str, str]) -> list[Finding]:

@@ -596,6 +596,9 @@ def plugstack_include(conf_dir: Path) -> str:
 
 # ------------------------------------------------------------------ the site's plan
 SELECT_TYPE_PARAMETERS = "SelectTypeParameters=CR_Core_Memory,LL_SHARED_GRES"
+CGROUP_JOB_ID_PATHS = "CgroupJobIdPaths=yes"
+"""cgroup.conf, 26.05+: job cgroup directories named job_<id> (as the prolog looks them
+up, :func:`slurm_colloc.gpu.nvml.slurm_job_cgroup`), not by SLUID."""
 SITE_WIDE_KEYS = ("selecttype=", "selecttypeparameters=", "grestypes=")
 """slurm.conf settings colloc recommends but a site uses for more than colloc: never
 listed for removal by ``colloc admin uninstall``."""
@@ -631,7 +634,9 @@ def site_slurm_conf(conf_dir: Path, bin_dir: Path | None = None) -> list[str]:
         "# start, so the hard GPU-memory limit holds every process of the job",
         "PrologFlags=Alloc,Contain",
         "# also needed: ProctrackType=proctrack/cgroup, and in cgroup.conf",
-        "# ConstrainDevices=yes (a shard job sees only its GPU's device file)",
+        "# ConstrainDevices=yes (a shard job sees only its GPU's device file);",
+        f"# on 26.05+ also {CGROUP_JOB_ID_PATHS} in cgroup.conf: the prolog finds the job's",
+        "# cgroup v2 directory as job_<id> for the hard GPU-memory limit (26.05 names it by SLUID)",
     ]
 
 

@@ -167,3 +167,19 @@ def test_doctor_offline_reports_release_and_stale_plugin(tmp_path: Path) -> None
     assert rc == 1, out
     assert "ok   Slurm release: 24.11.5 (supported: 24.11 <= Slurm < 26.11)" in out
     assert "FAIL SPANK plugin Slurm release" in out and "--test-only" not in out
+
+
+@pytest.mark.parametrize("release,text,want", [
+    (SlurmRelease(26, 5, 5), "CgroupPlugin=cgroup/v2\n", "warn"),
+    (SlurmRelease(26, 5, 5), "CgroupPlugin=cgroup/v2\nCgroupJobIdPaths=yes\n", "ok"),
+    (SlurmRelease(26, 5, 5), "CgroupPlugin=disabled\n", None),
+    (SlurmRelease(25, 11, 2), "CgroupPlugin=cgroup/v2\n", None),
+])
+def test_cgroup_job_id_paths_on_26_05(tmp_path: Path, release: SlurmRelease, text: str,
+                                      want: str | None) -> None:
+    conf = tmp_path / "cgroup.conf"
+    conf.write_text(text)
+    found = doctor.check_cgroup_conf(conf, release)
+    assert [f.level for f in found] == ([want] if want else [])
+    if want == "warn":
+        assert "CgroupJobIdPaths=yes" in found[0].detail and "SLUID" in found[0].detail

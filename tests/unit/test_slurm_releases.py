@@ -179,7 +179,8 @@ def test_install_plan_names_the_release_and_least_loaded_shards(tmp_path: Path) 
     lines = out.splitlines()
     assert "SelectTypeParameters=CR_Core_Memory,LL_SHARED_GRES" in lines
     i = lines.index("SelectTypeParameters=CR_Core_Memory,LL_SHARED_GRES")
-    assert "LL_SHARED_GRES" in lines[i - 1] or "least-loaded" in " ".join(lines[i - 4:i])
+    assert "least-loaded" in " ".join(lines[i - 4:i])
+    assert "CgroupJobIdPaths=yes in cgroup.conf" in out  # 26.05: job_<id>, not the SLUID
 
 
 def test_uninstall_never_lists_site_wide_select_lines(tmp_path: Path) -> None:
