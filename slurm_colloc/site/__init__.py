@@ -7,8 +7,8 @@ Sources shipped as package data:
   ``--colloc[=SUMMARY]``, ``--colloc-mem``, ``--colloc-batch-size``,
   ``--colloc-seq-len``, ``--colloc-optimizer``, ``--colloc-precision``.
 - ``lua/cli_filter.lua``: runs ``colloc estimate`` as the user inside sbatch.
-- ``lua/job_submit.lua``: validates, turns MiB into ``gres/shard:K`` (the only spelling 24.11+ accepts from it), records the
-  decision in AdminComment.
+- ``lua/job_submit.lua``: validates, turns MiB into ``gres/shard:K`` (the only
+  spelling 24.11+ accepts from it), records the decision in AdminComment.
 
 What the node scripts (Prolog/Epilog, issue 5) can rely on, verified on Slurm 22.05:
 
