@@ -1,6 +1,10 @@
-# The two commands a new user runs (as root on a fresh Debian 12 machine):
-#   make demo   venv + local Slurm cluster with simulated GPUs + a short demo
-#   make test   lint, type check, unit and end-to-end tests
+# The two commands a new user runs (as root on a fresh Debian machine):
+#   make demo   venv + local Slurm cluster (Slurm 26.05) with simulated GPUs + a short demo
+#   make test   lint, type check, unit and end-to-end tests on Slurm 26.05, and the
+#               end-to-end core on every other supported release (24.11)
+# Slurm runs from Debian's packages in a root filesystem per release
+# (slurm_colloc/devcluster/rootfs.py, built on first use under /var/lib/colloc-rootfs);
+# the suite runs inside it, with the project in that root's Python (ROOT_VENV).
 # Debian's Python, not a per-user one (pyenv under /root): jobs, TaskProlog and the
 # simulated jobs run as other users and must be able to execute the venv's python.
 PY ?= /usr/bin/python3
@@ -8,7 +12,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: all venv demo test unit e2e lint devcluster-up devcluster-down clean
+SLURM ?= 26.05
+OTHER_SLURM ?= 24.11
+ROOT_VENV := /opt/colloc-venv
+# a command inside a release's root filesystem (built or refreshed first)
+IN_ROOT = $(BIN)/colloc devcluster rootfs --release
+INNER = make --no-print-directory VENV=$(ROOT_VENV) PY=/usr/bin/python3
+E2E_CORE = tests/e2e/test_submit_path.py tests/e2e/test_node_path.py \
+	tests/e2e/test_adversarial.py tests/e2e/test_multinode.py
+
+.PHONY: all venv demo demo-here test test-here e2e-core unit e2e lint devcluster-up \
+	devcluster-down clean
 
 all: test
 
@@ -23,12 +37,15 @@ venv: $(STAMP)
 
 # Installs the Debian packages it needs (slurm*, munge, mariadb-server) when missing.
 devcluster-up: venv
-	$(BIN)/colloc devcluster up
+	$(BIN)/colloc devcluster up --slurm $(SLURM)
 
 devcluster-down: venv
-	$(BIN)/colloc devcluster down
+	$(BIN)/colloc devcluster down --slurm $(SLURM)
 
 demo: venv
+	$(IN_ROOT) $(SLURM) -- $(INNER) demo-here
+
+demo-here: venv
 	$(BIN)/colloc demo
 
 lint: venv
@@ -43,8 +60,15 @@ e2e: venv
 	$(BIN)/pytest -q tests/e2e
 
 test: venv lint
-	@command -v chromium-headless-shell >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium-headless-shell; }
+	$(IN_ROOT) $(SLURM) -- $(INNER) test-here
+	$(IN_ROOT) $(OTHER_SLURM) -- $(INNER) e2e-core
+
+# inside a release's root filesystem (as `make test` runs them)
+test-here: venv
 	$(BIN)/pytest -q tests
+
+e2e-core: venv
+	$(BIN)/pytest -q $(E2E_CORE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

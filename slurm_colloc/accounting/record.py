@@ -54,7 +54,7 @@ class Requeue:
     requeued: bool
     reason: str
     new_request: str | None = None
-    """The new TRES request, e.g. ``gres:shard:40``."""
+    """The new TRES request, e.g. ``gres/shard:40``."""
     new_limit_mib: int | None = None
 
 

@@ -204,14 +204,17 @@ def shell(root: Path, argv: tuple[str, ...]) -> None:
                                     check=False).returncode)
 
 
-@devcluster.command(name="rootfs")
+@devcluster.command(name="rootfs", context_settings={"ignore_unknown_options": True})
 @click.option("--release", "version", default=rootfs.DEFAULT_RELEASE, show_default=True,
               type=click.Choice(sorted(rootfs.RELEASES)))
 @click.option("--rebuild", is_flag=True, help="Build it again from Debian's archive.")
 @click.option("--remove", is_flag=True, help="Unmount and delete it.")
-def rootfs_(version: str, rebuild: bool, remove: bool) -> None:
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def rootfs_(version: str, rebuild: bool, remove: bool, argv: tuple[str, ...]) -> None:
     """Build (or refresh) the root filesystem of a Slurm release, with the project
-    installed in its Python; --remove deletes it (never through its mounts)."""
+    installed in its Python; then run ARGV inside if given (no cluster environment:
+    `make test` runs the suite this way). --remove deletes it (never through its
+    mounts)."""
     rel = rootfs.release(version)
     try:
         if remove:
@@ -221,6 +224,8 @@ def rootfs_(version: str, rebuild: bool, remove: bool) -> None:
             return
         root = rootfs.ensure(version, rebuild=rebuild)
         rootfs.ensure_venv(root)
+        if argv:
+            raise SystemExit(rootfs.run(root, list(argv), check=False))
     except rootfs.RootfsError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"Slurm {version} root filesystem ready: {root}")

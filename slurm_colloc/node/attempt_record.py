@@ -73,7 +73,7 @@ def build_attempt(
     if reason is not None:
         requeue = Requeue(
             requeued=requeued, reason=reason,
-            new_request=f"gres:shard:{new_shards}" if requeued and new_shards else None,
+            new_request=f"gres/shard:{new_shards}" if requeued and new_shards else None,
             new_limit_mib=new_shards * cfg.shard_mib if requeued and new_shards else None,
         )
     limit = ctx.limit_mib(cfg.shard_mib)

@@ -412,7 +412,7 @@ def requeue(
     comment_error = None
     try:
         if new_shards != ctx.shards or not ctx.is_shared:
-            adapter.update_job(ctx.job_id, TresPerNode=f"gres:shard:{new_shards}")
+            adapter.update_job(ctx.job_id, TresPerNode=f"gres/shard:{new_shards}")
         if admin_comment:
             # allowed now: the job is pending again, not finished
             try:

@@ -5,7 +5,7 @@ Pure arithmetic on shards, so it is easy to test and to explain in the report.
 Only jobs colloc placed are ever requeued or have their request rewritten
 (:func:`colloc_placed`): shard jobs, including the ``mode=whole`` jobs job_submit turned
 into all shards of one GPU. A user's own ``gres:gpu:N`` job is never touched by root,
-whatever its log shows: rewriting a 4-GPU DDP job to ``gres:shard:40`` would restart
+whatever its log shows: rewriting a 4-GPU DDP job to ``gres/shard:40`` would restart
 it silently on one GPU (issue 11, M5). Its attempt may still be recorded.
 """
 

@@ -386,7 +386,7 @@ def test_m2_requeue_survives_hostile_admin_comment(top, udir, quiet_epilog, comm
     r = epilog.run(_ctx(log, admin_comment=comment), _cfg(top), slurm, LOG)
     assert r.cause == "gpu-oom" and r.decision is not None and r.decision.requeue
     assert r.requeued and slurm.kinds()[0] == "requeue" and slurm.kinds()[-1] == "release"
-    assert slurm.tres() == ["gres:shard:40"]
+    assert slurm.tres() == ["gres/shard:40"]
 
 
 @needs_user
@@ -403,7 +403,7 @@ def test_m2_requeue_survives_nvml_failure(top, udir, monkeypatch) -> None:
     slurm = FakeSlurm()
     r = epilog.run(_ctx(log), _cfg(top, gpu_memory_mib=40960), slurm, LOG)
     # the config's GPU less its MPS servers' budget: (40960 - 2 x 64) // 1024
-    assert r.requeued and slurm.tres() == ["gres:shard:39"]
+    assert r.requeued and slurm.tres() == ["gres/shard:39"]
     assert any("NVML_ERROR_GPU_IS_LOST" in e for e in r.errors)
 
 
@@ -470,7 +470,7 @@ def test_m5_colloc_whole_gpu_job_keeps_its_request_on_mps_fault(top, udir, quiet
     log = user_file(udir, "job.err", MPS_LINE + "\n")
     slurm = FakeSlurm()
     r = epilog.run(_ctx(log, shards=40, admin_comment=WHOLE_RECORD), _cfg(top), slurm, LOG)
-    assert r.requeued and set(slurm.tres()) <= {"gres:shard:40"}
+    assert r.requeued and set(slurm.tres()) <= {"gres/shard:40"}
 
 
 # ------------------------------------------------- M1 in the epilog: refused logs ---
