@@ -3,14 +3,32 @@
 Root decides whom to signal and whose memory a process is from these files, so every
 read is bounded, follows no link, and a vanished process is simply None. A pid alone
 is not an identity (pids are reused): pair it with :func:`start_ticks`, as
-:class:`Process` does.
+:class:`Process` does. :func:`sluid` validates the job name Slurm 26.05 puts in a
+process's cgroup path (``/proc/<pid>/cgroup``) and in the job's cgroup directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
+
+SLUID_PATTERN = "s[0-9A-HJKMNP-TV-Z]{13}"
+"""A job's SLUID as Slurm 25.11+ writes it (``sluid2str``: ``s`` and 13 upper-case
+Crockford base32 digits, e.g. ``sEKNKTV3WPV500``). Slurm 26.05 names job cgroups by it
+(``CgroupJobIdPaths=no``, its default) and slurmd exports it as ``SLURM_JOB_SLUID``."""
+_SLUID_RE = re.compile(SLUID_PATTERN)
+
+
+def sluid(value: object) -> str | None:
+    """``value`` if it is a SLUID, else None.
+
+    The value becomes a path component under ``/sys/fs/cgroup`` and a key root
+    attributes processes by, so anything else (lower case, ``/``, ``..``, another
+    length) is refused even from slurmd's own environment.
+    """
+    return value if isinstance(value, str) and _SLUID_RE.fullmatch(value) else None
 
 
 def read(path: str, limit: int) -> bytes | None:

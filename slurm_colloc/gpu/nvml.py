@@ -55,11 +55,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import stat
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
+from slurm_colloc import procfs
 from slurm_colloc.gpu.backend import (
     GpuBackend,
     GpuBackendError,
@@ -470,8 +472,6 @@ class NvmlBackend(GpuBackend):
             st = os.lstat(path)
         except OSError as e:
             return f"{path}: {e.strerror}"
-        import stat
-
         if not stat.S_ISDIR(st.st_mode):
             return f"{path}: not a directory (symlink?)"
         return None
@@ -511,29 +511,44 @@ class NvmlBackend(GpuBackend):
             self.nvml.nvmlShutdown()
 
 
-def slurm_job_cgroup(job_id: int | str, root: str = CGROUP_ROOT) -> str | None:
+def slurm_job_cgroup(
+    job_id: int | str, root: str = CGROUP_ROOT, sluid: str | None = None
+) -> str | None:
     """The job's cgroup v2 directory as Slurm's ``cgroup/v2`` plugin lays it out.
 
     ``<root>/system.slice/slurmstepd.scope/job_<id>`` (or ``<node>_slurmstepd.scope``
-    when several slurmd run on one host). None when there is none (cgroup v1,
-    ``proctrack/linuxproc``, or slurmstepd has not created it yet). Symlinks are
-    never followed.
+    when several slurmd run on one host); Slurm 26.05 names it by the job's SLUID
+    instead (``.../slurmstepd.scope/sEKNKTV3WPV500``) unless cgroup.conf says
+    ``CgroupJobIdPaths=yes``, so with ``sluid`` (slurmd's ``SLURM_JOB_SLUID``) that
+    name is looked for too. A malformed SLUID is ignored, never joined into a path.
+    None when there is none (cgroup v1, ``proctrack/linuxproc``, or slurmstepd has not
+    created it yet). Symlinks are never followed.
     """
-    import stat
-
     jid = str(job_id)
     if not jid.isdigit() or len(jid) > 12:
         return None
+    names = [f"job_{jid}"]
+    good_sluid = procfs.sluid(sluid)
+    if good_sluid is not None:
+        names.append(good_sluid)
     base = os.path.join(root, "system.slice")
     try:
         scopes = sorted(n for n in os.listdir(base) if n.endswith("slurmstepd.scope"))
     except OSError:
         return None
     for scope in scopes:
-        path = os.path.join(base, scope, f"job_{jid}")
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISDIR(
-                os.lstat(os.path.join(base, scope)).st_mode
-            ):
+        if not _real_dir(os.path.join(base, scope)):
+            continue
+        for name in names:
+            path = os.path.join(base, scope, name)
+            if _real_dir(path):
                 return path
     return None
+
+
+def _real_dir(path: str) -> bool:
+    """A directory itself, not a symlink to one (root writes limits under it)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False

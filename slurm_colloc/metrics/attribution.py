@@ -7,7 +7,12 @@ root and asks, in order of trust:
    (v2 ``0::/system.slice/[<node>_]slurmstepd.scope/job_<id>/...``, v1
    ``.../slurm[_<node>]/uid_<uid>/job_<id>/...`` with ``uid`` the process's owner): set by
    slurmstepd, not by the user. A ``job_<id>`` anywhere else (a user can make one in a
-   cgroup subtree delegated to them) is ignored;
+   cgroup subtree delegated to them) is ignored. Slurm 26.05 names the v2 job cgroup by
+   the job's SLUID instead (``.../slurmstepd.scope/sEKNKTV3WPV500/...``, unless
+   ``CgroupJobIdPaths=yes``): that SLUID is turned into a job id only through the
+   mapping the prolog recorded in root's meta (slurmd's ``SLURM_JOB_SLUID``; see
+   :class:`slurm_colloc.metrics.store.SluidIndex`), so a SLUID no prolog recorded here
+   attributes nothing and the next source is asked;
 2. its environment (``/proc/<pid>/environ``: ``SLURM_JOB_ID``,
    ``SLURM_RESTART_COUNT``): works with ``proctrack/linuxproc`` (the devcluster), but
    a user can change it.
@@ -32,16 +37,32 @@ from slurm_colloc import procfs
 MAX_ENVIRON = 256 * 1024
 MAX_CGROUP = 16 * 1024
 _CG_V2 = re.compile(
-    rb"^0::/system\.slice/(?:[\w.-]+_)?slurmstepd\.scope/job_(\d{1,12})(?:/|$)")
+    rb"^0::/system\.slice/(?:[\w.-]+_)?slurmstepd\.scope/"
+    rb"(?:job_(\d{1,12})|(" + procfs.SLUID_PATTERN.encode() + rb"))(?:/|$)")
 _CG_V1 = re.compile(rb"^\d+:[\w,=]*:/slurm(?:_[\w.-]+)?/uid_(\d{1,10})/job_(\d{1,12})(?:/|$)")
 
 
-def slurm_cgroup_job(cgroup: bytes, uid: int) -> str | None:
-    """The job of a ``/proc/<pid>/cgroup`` text, only in Slurm's own layouts."""
+JobOfSluid = Callable[[str], str | None]
+"""SLUID -> job id as root's metas record it (None: no prolog here recorded it)."""
+
+
+def slurm_cgroup_job(
+    cgroup: bytes, uid: int, job_of_sluid: JobOfSluid | None = None
+) -> str | None:
+    """The job of a ``/proc/<pid>/cgroup`` text, only in Slurm's own layouts.
+
+    A SLUID-named v2 job cgroup (26.05) counts only when ``job_of_sluid`` knows it:
+    the name alone says which job only to whoever recorded it, and that is the prolog.
+    """
     for line in cgroup.splitlines():
         m = _CG_V2.match(line)
-        if m:
+        if m and m.group(1):
             return m.group(1).decode()
+        if m:
+            job = job_of_sluid(m.group(2).decode()) if job_of_sluid is not None else None
+            if job is not None and job.isdigit() and len(job) <= 12:
+                return job
+            continue
         m1 = _CG_V1.match(line)
         if m1 and int(m1.group(1)) == uid:
             return m1.group(2).decode()
@@ -70,8 +91,10 @@ def _env_value(environ: bytes, key: bytes) -> str | None:
     return None
 
 
-def tag_of(pid: int, proc: str = "/proc") -> JobTag | None:
-    """Look the process up (no cache)."""
+def tag_of(
+    pid: int, proc: str = "/proc", job_of_sluid: JobOfSluid | None = None
+) -> JobTag | None:
+    """Look the process up (no cache); ``job_of_sluid`` reads 26.05's SLUID cgroups."""
     try:
         uid = os.stat(f"{proc}/{pid}").st_uid
     except OSError:
@@ -80,7 +103,7 @@ def tag_of(pid: int, proc: str = "/proc") -> JobTag | None:
     restarts = _env_value(environ, b"SLURM_RESTART_COUNT")
     attempt = int(restarts) if restarts and restarts.isdigit() else 0
     cg = _read(f"{proc}/{pid}/cgroup", MAX_CGROUP) or b""
-    cg_job = slurm_cgroup_job(cg, uid)
+    cg_job = slurm_cgroup_job(cg, uid, job_of_sluid)
     if cg_job:
         return JobTag(cg_job, attempt, "cgroup", uid)
     job = _env_value(environ, b"SLURM_JOB_ID")
@@ -93,11 +116,14 @@ class Attributor:
     """Cached pid -> job lookups; ``uid_of_job`` verifies environment answers."""
 
     def __init__(
-        self, proc: str = "/proc", uid_of_job: Callable[[str], int | None] | None = None
+        self, proc: str = "/proc", uid_of_job: Callable[[str], int | None] | None = None,
+        job_of_sluid: JobOfSluid | None = None,
     ) -> None:
-        """``uid_of_job(job)`` gives the owner the prolog recorded, or None."""
+        """``uid_of_job(job)`` gives the owner the prolog recorded, or None;
+        ``job_of_sluid(sluid)`` the job it recorded with that SLUID, or None."""
         self.proc = proc
         self.uid_of_job = uid_of_job
+        self.job_of_sluid = job_of_sluid
         self._cache: dict[int, tuple[int, JobTag | None]] = {}
 
     def lookup(self, pid: int) -> JobTag | None:
@@ -118,7 +144,7 @@ class Attributor:
         hit = self._cache.get(pid)
         if hit is not None and hit[0] == ticks:
             return None if hit[1] is None else (ticks, hit[1])
-        tag = tag_of(pid, self.proc)
+        tag = tag_of(pid, self.proc, self.job_of_sluid)
         if tag is not None and self.uid_of_job is not None:
             owner = self.uid_of_job(tag.job_id)
             if tag.uid != 0 and (owner is None or owner != tag.uid):

@@ -46,6 +46,9 @@ PID_FILE = store.PID_FILE
 GONE_AFTER_S = 5.0
 """A job not seen on any GPU for this long has its pending rows flushed, file closed."""
 PRUNE_EVERY_S = 3600.0
+SLUID_RESCAN_S = 5.0
+"""An unknown SLUID (26.05 job cgroup) rereads the changed metas at most this often: a
+job with no meta here (no GPU given by Slurm) must not make every step rescan."""
 
 log = logging.getLogger("colloc.metrics.collector")
 
@@ -70,8 +73,11 @@ class Collector:
         self.cfg = cfg
         self.metrics_dir = cfg.metrics_dir
         self.backend = backend
-        self.attributor = attributor or Attributor(uid_of_job=self._uid_of_job)
         self.clock = clock
+        self._sluids = store.SluidIndex(cfg.metrics_dir)
+        self._sluid_scan_at: float | None = None
+        self.attributor = attributor or Attributor(
+            uid_of_job=self._uid_of_job, job_of_sluid=self._job_of_sluid)
         self.open: dict[Key, _Open] = {}
         self._energy: dict[int, tuple[float, float | None]] = {}
         self._uids: dict[str, int | None] = {}
@@ -113,6 +119,17 @@ class Collector:
                 self._uids.clear()
             self._uids[job] = uid
         return self._uids[job]
+
+    def _job_of_sluid(self, sluid: str) -> str | None:
+        """The job the prolog recorded with this SLUID (root's metas; rescans on a miss)."""
+        job = self._sluids.job_of(sluid)
+        now = self.clock()
+        last = self._sluid_scan_at
+        if job is None and (last is None or not 0 <= now - last < SLUID_RESCAN_S):
+            self._sluid_scan_at = now
+            self._sluids.refresh()
+            job = self._sluids.job_of(sluid)
+        return job
 
     def _mps_jobs(self, gpu: int, uid: int) -> list[int]:
         """uid's MPS jobs on ``gpu`` from root's bookkeeping (cached for one step)."""

@@ -8,7 +8,8 @@ Layout (root-owned)::
                                             (0644: GPU metrics are what jobstats shows
                                             everyone)
 
-Meta files are root's alone (0600, security issue 11): they carry the job's uid, model
+Meta files are root's alone (0600, security issue 11): they carry the job's uid, SLUID
+(the collector's key to 26.05's SLUID-named job cgroups: :class:`SluidIndex`), model
 fingerprint, batch size, optimizer and estimate, which ``PrivateData=jobs`` hides from
 other users. Only root reads them (collector, epilog summary). ``colloc-report`` run by
 the job's owner does not need them: the limit and start they would add come from the
@@ -32,10 +33,13 @@ import contextlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from slurm_colloc import procfs
 
 HEADER = "# colloc-metrics v1"
 PID_FILE = "collector.pid"
@@ -69,6 +73,9 @@ class JobMeta:
     seq_len: int | None = None
     optimizer: str | None = None
     precision: str | None = None
+    sluid: str | None = None
+    """slurmd's ``SLURM_JOB_SLUID`` (25.11+): on 26.05 the name of the job's cgroup, by
+    which the collector finds the job of a process (:class:`SluidIndex`)."""
 
 
 @dataclass
@@ -177,8 +184,6 @@ def ensure_dir(path: Path, mode: int = 0o755) -> Path:
     """Create ``path`` (and parents) and refuse a symlink or a non-directory there."""
     path.mkdir(parents=True, exist_ok=True, mode=mode)
     st = os.lstat(path)
-    import stat
-
     if not stat.S_ISDIR(st.st_mode):
         raise OSError(f"{path}: not a directory (symlink?)")
     return path
@@ -245,6 +250,69 @@ def read_meta(
         return JobMeta(**fields)
     except (OSError, ValueError, TypeError):
         return None
+
+
+class SluidIndex:
+    """SLUID -> job id, from the prolog's metas on this node.
+
+    Slurm 26.05 names a job's cgroup by its SLUID (``CgroupJobIdPaths=no``), so a
+    process's ``/proc/<pid>/cgroup`` no longer carries the job id. The prolog records
+    the SLUID slurmd gave it in the attempt's meta, which is root's alone (0600): a
+    user cannot add or change a mapping. :meth:`refresh` rereads only the job
+    directories whose mtime changed since it last looked (a meta write renames into
+    the directory); dropped directories (pruned jobs) drop their SLUIDs. A SLUID that
+    two jobs claim maps to neither.
+    """
+
+    def __init__(self, metrics_dir: str | os.PathLike[str]) -> None:
+        """Empty until the first :meth:`refresh`."""
+        self.metrics_dir = metrics_dir
+        self._dirs: dict[str, tuple[int, frozenset[str]]] = {}
+        self._jobs: dict[str, str] = {}
+
+    def job_of(self, sluid: str) -> str | None:
+        """The job id the prolog recorded with ``sluid``, as of the last refresh."""
+        return self._jobs.get(sluid)
+
+    def refresh(self) -> None:
+        """Reread the metas of job directories that changed (bounded reads, no links)."""
+        root = Path(self.metrics_dir) / "jobs"
+        try:
+            names = [n for n in os.listdir(root) if _JOB.match(n)]
+        except OSError:
+            names = []
+        dirs: dict[str, tuple[int, frozenset[str]]] = {}
+        for name in names:
+            try:
+                st = os.lstat(root / name)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                continue  # never through a link
+            mtime = st.st_mtime_ns
+            old = self._dirs.get(name)
+            dirs[name] = old if old is not None and old[0] == mtime else (
+                mtime, self._sluids_of(name))
+        self._dirs = dirs
+        jobs: dict[str, str] = {}
+        claimed_twice: set[str] = set()
+        for name, (_, sluids) in dirs.items():
+            for s in sluids:
+                if jobs.setdefault(s, name) != name:
+                    claimed_twice.add(s)
+        for s in claimed_twice:
+            del jobs[s]
+        self._jobs = jobs
+
+    def _sluids_of(self, job: str) -> frozenset[str]:
+        """The valid SLUIDs in this job's metas (each attempt's, of this job only)."""
+        out = set()
+        for a in attempts_on_node(self.metrics_dir, job):
+            meta = read_meta(self.metrics_dir, job, a)
+            sluid = procfs.sluid(meta.sluid) if meta is not None else None
+            if sluid is not None and meta is not None and str(meta.job_id) == job:
+                out.add(sluid)
+        return frozenset(out)
 
 
 # ------------------------------------------------------------------ series ---

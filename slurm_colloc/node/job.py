@@ -1,10 +1,10 @@
 """What a node script knows about its job: slurmd's environment plus one JSON record.
 
 Prolog and Epilog get a small environment from slurmd (SLURM_JOB_ID, SLURM_JOB_UID,
-SLURM_JOB_GPUS, SPANK_* option values) and no PATH. The rest (shard count, output
-paths, restarts, colloc's submit-time record) comes from the controller's
-``squeue --json`` record (:mod:`slurm_colloc.slurm.squeue_json`), never from
-``scontrol`` text, whose free-text fields a user can fill with forged ``Key=`` pairs.
+SLURM_JOB_GPUS, SLURM_JOB_SLUID from 25.11, SPANK_* option values) and no PATH. The
+rest (shard count, output paths, restarts, colloc's submit-time record) comes from the
+controller's ``squeue --json`` record (:mod:`slurm_colloc.slurm.squeue_json`), never
+from ``scontrol`` text, whose free-text fields a user can fill with forged ``Key=`` pairs.
 Identity (job id, uid) and the GPUs come from slurmd and are cross-checked with the
 record; on disagreement the node scripts refuse to act (docs/security.md).
 
@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_colloc import procfs
 from slurm_colloc.accounting.submit_record import CollocRecord, parse_record
 from slurm_colloc.slurm.adapter import SlurmAdapter
 from slurm_colloc.slurm.squeue_json import SlurmJob, parse_indices
@@ -65,6 +66,9 @@ class JobContext:
     state: str
     foreign_shards: int = 0
     """Shards asked per job/task/socket instead of per node (job_submit refuses these)."""
+    sluid: str | None = None
+    """slurmd's ``SLURM_JOB_SLUID`` (25.11+), validated: the name of the job's cgroup on
+    26.05 unless ``CgroupJobIdPaths=yes``. None before 25.11 or when malformed."""
 
     @functools.cached_property
     def submit(self) -> CollocRecord | None:
@@ -134,6 +138,7 @@ def bare_context(env: Mapping[str, str]) -> JobContext:
         job_id=job_id, uid=uid, user=env.get("SLURM_JOB_USER", str(uid)),
         node=env.get("SLURMD_NODENAME", ""), gpus=(), shards=0, gpu_count=0, stdout=None,
         stderr=None, restarts=0, admin_comment="", exit_code="", state="",
+        sluid=procfs.sluid(env.get("SLURM_JOB_SLUID")),
     )
 
 
@@ -201,6 +206,8 @@ def context_from_job(job: SlurmJob, env: Mapping[str, str]) -> JobContext:
         state=job.state,
         foreign_shards=_count(_TRES_SHARD, job.tres_per_job, job.tres_per_task,
                               job.tres_per_socket),
+        # from slurmd, like the job id; malformed is dropped (it names a cgroup path)
+        sluid=procfs.sluid(env.get("SLURM_JOB_SLUID")),
     )
 
 
@@ -222,6 +229,7 @@ def context_from_json(text: str, env: Mapping[str, str]) -> JobContext:
             restarts=int(d["restarts"]), admin_comment=str(d["admin_comment"]),
             exit_code=str(d["exit_code"]), state=str(d["state"]),
             foreign_shards=int(d.get("foreign_shards", 0)),
+            sluid=procfs.sluid(d.get("sluid")),
         )
     except (ValueError, KeyError, TypeError) as e:
         raise JobInfoError(f"saved job context unreadable: {e}") from e

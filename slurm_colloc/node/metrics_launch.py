@@ -49,6 +49,7 @@ def meta_for(ctx: JobContext, cfg: CollocConfig, env: Mapping[str, str]) -> stor
         seq_len=_int(env.get(SPANK + "seq_len")),
         optimizer=_name(env.get(SPANK + "optimizer")),
         precision=_name(env.get(SPANK + "precision")),
+        sluid=ctx.sluid,  # slurmd's, validated: the collector's key for 26.05 cgroups
     )
 
 

@@ -276,9 +276,11 @@ def hard_limit(ctx: JobContext, cfg: CollocConfig, gpu: int, limit_mib: int) -> 
             support = backend.hard_memory_limit_supported(gpu)
             if not support.supported:
                 return f"unsupported ({support.reason})"
-            cgroup = slurm_job_cgroup(ctx.job_id)
+            # job_<id>, or on 26.05 (CgroupJobIdPaths=no) the SLUID slurmd gave us
+            cgroup = slurm_job_cgroup(ctx.job_id, sluid=ctx.sluid)
             if cgroup is None:
-                return "no job cgroup (cgroup/v2 and PrologFlags=Contain needed)"
+                return ("no job cgroup (cgroup/v2 and PrologFlags=Contain needed; "
+                        f"looked for job_{ctx.job_id}, SLUID {ctx.sluid or 'none'})")
             res = backend.set_job_memory_limit(gpu, cgroup, limit_mib)
             return f"{res.status} {res.detail}".strip()
         finally:

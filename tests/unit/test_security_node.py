@@ -480,7 +480,8 @@ def test_the_prolog_puts_a_hard_cgroup_limit_where_the_driver_has_one(
 
     ctx = jobmod.context_from_job(parse_jobs(json.dumps({"jobs": [squeue_job()]}))[7], ENV)
     cfg = _cfg(tmp_path)
-    monkeypatch.setattr(nvml, "slurm_job_cgroup", lambda job: f"/sys/fs/cgroup/job_{job}")
+    monkeypatch.setattr(nvml, "slurm_job_cgroup",
+                        lambda job, sluid=None: f"/sys/fs/cgroup/job_{job}")
     monkeypatch.setattr(select, "backend_from_config", lambda c, with_dcgm=True: Fake(True))
     assert prolog.hard_limit(ctx, cfg, 0, 2048) == "set"
     assert calls == [(0, "/sys/fs/cgroup/job_7", 2048)]
