@@ -111,9 +111,7 @@ def from_slurm(
     ``squeue --json`` for its reaping), so a node script makes one controller call.
     """
     job_id, _ = ids_from_env(env)
-    if jobs is None:
-        jobs = adapter.jobs()
-    job = jobs.get(job_id)
+    job = adapter.job(job_id) if jobs is None else jobs.get(job_id)
     if job is None:
         raise JobInfoError(f"job {job_id} is not known to the controller")
     return context_from_job(job, env)

@@ -1,10 +1,12 @@
 """All talk with Slurm goes through here.
 
-pyslurm cannot be used with Debian's Slurm 22.05 (PyPI carries only pyslurm 25.11 and
-17/18 releases), so the shipped implementation drives Slurm's own commands with
-``--json`` / ``--parsable2`` output. :class:`SlurmAdapter` is the seam: a site whose
-Slurm matches a pyslurm release can add a ``PyslurmAdapter`` with the same methods,
-and unit tests swap in a fake without patching subprocess everywhere.
+pyslurm matches none of the Slurm releases we support (Debian's 24.11 and 26.05; PyPI
+carries pyslurm 25.11 and 17/18), so the shipped implementation drives Slurm's own
+commands with ``--json=v0.0.42`` output (:data:`JSON_FLAG`: the same shapes on every
+supported release, :mod:`slurm_colloc.slurm.data_parser`). :class:`SlurmAdapter` is
+the seam: a site whose Slurm matches a pyslurm release can add a ``PyslurmAdapter``
+with the same methods, and unit tests swap in a fake without patching subprocess
+everywhere.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slurm_colloc.slurm import sacct_json
+from slurm_colloc.slurm.data_parser import JSON_FLAG
 from slurm_colloc.slurm.records import SACCT_FIELDS, AccountingRecord, SlurmError
-from slurm_colloc.slurm.squeue_json import SlurmJob, SqueueJsonError, parse_jobs
+from slurm_colloc.slurm.squeue_json import (
+    SlurmJob,
+    SqueueJsonError,
+    gres_idx_view,
+    parse_job,
+    parse_jobs,
+)
 
 __all__ = [
+    "JSON_FLAG",
     "SACCT_FIELDS",
     "TERMINAL_STATES",
     "AccountingRecord",
@@ -62,22 +72,31 @@ class SlurmAdapter(abc.ABC):
 
     @abc.abstractmethod
     def jobs(self) -> dict[int, SlurmJob]:
-        """Every job the controller holds, typed (one ``squeue --json``).
+        """Every job the controller holds, finished ones included, typed (one
+        ``squeue --json -t all``: without ``-t all`` squeue hides finished jobs).
 
         Raises :class:`SlurmError` when the controller cannot be asked or its answer
         is not squeue's JSON: "unknown" must never look like "no jobs".
         """
 
+    def job(self, job_id: int | str) -> SlurmJob | None:
+        """One job as the controller holds it; None when it holds no such job.
+
+        A node script asks for its own job only: a whole-queue scan costs the
+        controller far more on a busy cluster. Raises :class:`SlurmError` when the
+        controller cannot be asked or reports an error: never "no job" for "unknown".
+        This default reads :meth:`jobs`; :class:`SlurmCli` asks for the one job.
+        """
+        jid = _job_id(job_id)
+        return None if jid is None else self.jobs().get(jid)
+
     def show_job(self, job_id: int | str) -> dict[str, Any] | None:
         """One job with scontrol's field names (None when the controller forgot it).
 
-        Built from :meth:`jobs` (JSON), never from ``scontrol`` text: a user's comment
+        Built from :meth:`job` (JSON), never from ``scontrol`` text: a user's comment
         or output path can hold ``Key=Value`` text that scontrol prints unescaped.
         """
-        try:
-            job = self.jobs().get(int(job_id))
-        except ValueError:
-            return None
+        job = self.job(job_id)
         return None if job is None else scontrol_view(job)
 
     @abc.abstractmethod
@@ -139,6 +158,22 @@ class SlurmAdapter(abc.ABC):
         """scancel the jobs."""
 
 
+def _job_id(job_id: int | str) -> int | None:
+    """A job id as the controller knows them (digits only); None for anything else
+    (``123_4`` array forms are resolved by the caller)."""
+    text = str(job_id)
+    return int(text) if text.isdigit() and len(text) <= 12 and int(text) > 0 else None
+
+
+def _gres_view(job: SlurmJob) -> str:
+    """scontrol's ``GRES=`` in the ``name:count(IDX:...)`` form callers parse; the raw
+    ``gres_detail`` when its GPUs cannot be read (the caller then finds no IDX)."""
+    try:
+        return gres_idx_view(job.gres_detail)
+    except ValueError:
+        return ",".join(job.gres_detail)
+
+
 def scontrol_view(job: SlurmJob) -> dict[str, Any]:
     """The typed job under scontrol's field names, for callers written against them."""
     code = job.exit_status
@@ -146,7 +181,7 @@ def scontrol_view(job: SlurmJob) -> dict[str, Any]:
         "JobId": str(job.job_id), "JobName": job.name, "UserId": str(job.user_id),
         "JobState": job.state, "Reason": job.reason, "Restarts": str(job.restarts),
         "TresPerNode": job.tres_per_node, "TresPerJob": job.tres_per_job,
-        "TresPerTask": job.tres_per_task, "GRES": ",".join(job.gres_detail),
+        "TresPerTask": job.tres_per_task, "GRES": _gres_view(job),
         "AdminComment": job.admin_comment, "Comment": job.comment,
         "StdOut": job.stdout or "", "StdErr": job.stderr or job.stdout or "",
         "ExitCode": f"{code[0]}:{code[1]}", "BatchHost": job.batch_host,
@@ -240,9 +275,19 @@ class SlurmCli(SlurmAdapter):
             raise SlurmError(f"sbatch printed no job id: {cp.stdout!r} {cp.stderr!r}") from e
 
     def jobs(self) -> dict[int, SlurmJob]:
-        cp = self._run("squeue", "--json")
+        cp = self._run("squeue", JSON_FLAG, "--states=all")
         try:
             return parse_jobs(cp.stdout)
+        except SqueueJsonError as e:
+            raise SlurmError(str(e)) from e
+
+    def job(self, job_id: int | str) -> SlurmJob | None:
+        jid = _job_id(job_id)
+        if jid is None:
+            return None
+        cp = self._run("scontrol", JSON_FLAG, "show", "job", str(jid))
+        try:
+            return parse_job(cp.stdout, jid)
         except SqueueJsonError as e:
             raise SlurmError(str(e)) from e
 
@@ -259,35 +304,26 @@ class SlurmCli(SlurmAdapter):
         self, user: str, since_days: int, *, timeout: float | None = None,
         warn: Callable[[str], None] | None = None,
     ) -> list[AccountingRecord]:
-        # 22.05's `sacct --json` ignores --user (and --state without --endtime): asked
-        # directly, it returns every user's jobs of the period, which on a busy site is
-        # far too much for a submit-time lookup. So the user's COMPLETED job ids come
-        # from the text form, which honours --user (only digits are taken from it), and
-        # only those jobs are read as JSON. User and state are still checked on the JSON.
+        # `sacct --json` honours --user on 24.11+ (22.05's did not); user and state are
+        # still checked on each record, and only the newest MAX_HISTORY_JOBS are kept.
         if not user or not all(c.isalnum() or c in "._-@$" for c in user):
             raise SlurmError(f"not a user name: {user[:40]!r}")
         days = max(1, int(since_days))
-        window = (f"--user={user}", f"--starttime=now-{days}days", "--endtime=now", "--state=CD")
-        ids_cp = self._run("sacct", "--allocations", "--noheader", "--parsable2", *window,
-                          "--format=JobIDRaw", timeout=timeout)
-        ids = list(dict.fromkeys(
-            ln.strip() for ln in ids_cp.stdout.splitlines() if ln.strip().isdigit()))
-        ids = ids[-MAX_HISTORY_JOBS:]  # the newest
-        if not ids:
-            return []
-        cp = self._run("sacct", *sacct_json.SACCT_JSON_ARGS, "--jobs", ",".join(ids), *window,
-                      timeout=timeout)
-        return [
+        cp = self._run("sacct", *sacct_json.SACCT_JSON_ARGS, f"--user={user}",
+                       f"--starttime=now-{days}days", "--endtime=now", "--state=CD",
+                       timeout=timeout)
+        recs = [
             r for r in sacct_json.parse(cp.stdout, warn=warn)
-            if r.fields.get("User") == user and r.state.split()[:1] == ["COMPLETED"]
+            if r.fields.get("User") == user and r.state == "COMPLETED"
         ]
+        return recs[-MAX_HISTORY_JOBS:]
 
     def accounting_period(
         self, since: str, until: str | None = None, user: str | None = None,
         warn: Callable[[str], None] | None = None,
     ) -> list[AccountingRecord]:
-        # JSON, never --parsable2 (issue 11, M6); 22.05's dumper ignores --user: the
-        # records are filtered here as well
+        # JSON, never --parsable2 (issue 11, M6); sacct honours --user, and the
+        # records are checked here as well (a record must say whose it is)
         args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
         args += [f"--endtime={until}"] if until else []
         args += [f"--user={user}"] if user else ["--allusers"]

@@ -5,20 +5,24 @@ escaping either, so a job name or comment holding ``|`` or a newline hid rows or
 whole rows (security issue 11, M6). The JSON output escapes strings; this module is the
 only place that knows its layout.
 
-Slurm 22.05's ``sacct --json`` is the ``openapi/dbv0.0.38`` job dumper (``parse_job[]``
-in ``src/plugins/openapi/dbv0.0.38/parse.c``, called from ``src/sacct/data.c``):
+``sacct --json=v0.0.42`` (:mod:`slurm_colloc.slurm.data_parser`, the same shapes on
+24.11 through 26.05):
 
-* ``{"meta": ..., "errors": [...], "jobs": [job, ...]}``, one job object per attempt:
-  the plugin always sets ``JOBCOND_FLAG_DUP`` when the query is not empty (``--jobs``
-  or a start time), so ``--duplicates`` is implied (passing it is harmless).
-* ``--user``/``--allusers`` are *not* passed on to the plugin: filter by ``user`` here.
-* Strings may be ``null``; uint32 values are ``null`` for NO_VAL/INFINITE; times are
-  epoch seconds with 0 for "never" (sacct's text prints ``Unknown``).
+* ``{"meta": ..., "errors": [...], "warnings": [...], "jobs": [job, ...]}``, one job
+  object per attempt with ``--duplicates`` (a requeued job's earlier attempts).
+* ``state.current`` is a list, base state first (``["PENDING", "REQUEUED"]`` for an
+  attempt ended by a requeue of a running job; it reads ``REQUEUED`` here, as in
+  sacct's text); ``exit_code`` an object whose signal is kept (``0:9``).
+* ``--user`` is honoured (22.05 ignored it); ``user`` is null for a job without an
+  association.
+* Numbers are bare ints or ``{"set", "infinite", "number"}``; times epoch seconds with
+  0 for "never" (sacct's text prints ``Unknown``); TRES counts without units (``mem``
+  in MiB) and -2 for a count not gathered (energy).
 
 The mapping from the JSON to the ``--format`` names callers use is :data:`FIELD_MAP`:
-one row per field, so a key that differs on a live cluster is a one-line fix. Newer
-data_parser versions wrap numbers as ``{"set": true, "number": N}``; :func:`_int`
-accepts both.
+one row per field, so a key that differs on a live cluster is a one-line fix. A job
+object whose fields are not v0.0.42's is skipped with a warning naming it, never
+read with made-up values.
 """
 
 from __future__ import annotations
@@ -30,16 +34,21 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from slurm_colloc.slurm.records import SACCT_FIELDS, AccountingRecord, SlurmError
+from slurm_colloc.slurm import data_parser as dp
+from slurm_colloc.slurm.records import (
+    NO_EXIT,
+    SACCT_FIELDS,
+    AccountingRecord,
+    ExitCode,
+    SlurmError,
+)
 
 log = logging.getLogger(__name__)
 
-SACCT_JSON_ARGS = ("--json", "--allocations", "--duplicates")
+SACCT_JSON_ARGS = (dp.JSON_FLAG, "--allocations", "--duplicates")
 """Arguments of every accounting read (jobs, not steps; every attempt of a requeue)."""
 
 _JOB_ID = re.compile(r"^\d{1,12}$")
-_MAX_TEXT = 1 << 16
-"""Longest string kept from one JSON field (Slurm's own limits are far below)."""
 
 Warn = Callable[[str], None]
 
@@ -53,23 +62,13 @@ def _get(obj: Any, path: Sequence[str]) -> Any:
 
 
 def _int(v: Any) -> int | None:
-    """An integer field: plain int, or data_parser's ``{"set", "infinite", "number"}``."""
-    if isinstance(v, Mapping):
-        if v.get("infinite") or v.get("set") is False:
-            return None
-        v = v.get("number")
-    if isinstance(v, bool) or not isinstance(v, int):
-        return None
-    return v
+    """An integer field (bare or ``{"set", "infinite", "number"}``); null: None."""
+    return None if v is None else dp.number(v, "number")
 
 
 def _text(v: Any) -> str:
-    """A string field as sacct's text would show it ('' for null / not a string)."""
-    if isinstance(v, str):
-        return v[:_MAX_TEXT]
-    if isinstance(v, int) and not isinstance(v, bool):
-        return str(v)
-    return ""
+    """A string field as sacct's text would show it ('' for null)."""
+    return dp.text(v, "string")
 
 
 def _time(v: Any) -> str:
@@ -94,49 +93,32 @@ def _elapsed(v: Any) -> str:
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
 
 
-def _exit_code(v: Any) -> str:
-    """``{"status", "return_code", "signal": {"signal_id"}}`` as sacct's ``N:S``.
+def _exit(v: Any) -> ExitCode:
+    """The typed exit code; absent (not yet known to slurmdbd) is NO_EXIT, any other
+    shape than v0.0.42's object is refused."""
+    return NO_EXIT if v is None else dp.exit_code(v)
 
-    dbv0.0.38 reports every normal exit as ``SUCCESS`` with return_code 0 (its dumper
-    tests WIFEXITED before the status), so a non-zero exit may read ``0:0`` here;
-    the job's state (FAILED) still tells.
-    """
-    if not isinstance(v, Mapping):
-        return ""
-    status = _text(v.get("status")).upper()
-    if status == "PENDING":
-        return ""
-    if status == "SIGNALED":
-        return f"0:{_int(_get(v, ('signal', 'signal_id'))) or 0}"
-    return f"{_int(v.get('return_code')) or 0}:0"
+
+def _exit_code(v: Any) -> str:
+    """The exit code object as sacct's ``N:S`` (signal kept: ``0:9``); absent: ''."""
+    return _exit(v).text
 
 
 def _tres(v: Any) -> str:
-    """``[{"type", "name", "count"}, ...]`` as sacct's ``type[/name]=count,...``."""
-    if not isinstance(v, list):
-        return ""
-    out = []
-    for t in v:
-        if not isinstance(t, Mapping):
-            continue
-        kind, name, count = _text(t.get("type")), _text(t.get("name")), _int(t.get("count"))
-        if kind and count is not None:
-            out.append(f"{kind}/{name}={count}" if name else f"{kind}={count}")
-    return ",".join(out)
+    """``[{"type", "name", "count"}, ...]`` as sacct's ``type[/name]=count,...``
+    (``mem=256M``: the JSON's MiB with the unit sacct's text prints); null: ''."""
+    return "" if v is None else dp.tres_text(dp.tres_list(v, "tres"))
 
 
 def _state(v: Any) -> str:
-    """``state.current`` (dbv0.0.38: a string; data_parser >= v0.0.40: a list)."""
-    if isinstance(v, list):
-        return " ".join(_text(x) for x in v if _text(x))
-    return _text(v)
+    """``state.current`` as the one word sacct's text prints (``REQUEUED``)."""
+    return dp.state_name(dp.job_state(v, "state.current"))
 
 
 def _array_id(job: Any) -> str:
     """sacct's JobID: ``ARRAY_TASK`` (``123_4``) for an array task, else the raw id.
 
-    dbv0.0.38: ``array.job_id`` (0 when not an array) and ``array.task_id`` (null or
-    NO_VAL when not a task).
+    ``array.job_id`` is 0 when not an array; ``array.task_id`` not set when not a task.
     """
     raw = _int(_get(job, ("job_id",)))
     arr, task = _int(_get(job, ("array", "job_id"))), _int(_get(job, ("array", "task_id")))
@@ -147,7 +129,7 @@ def _array_id(job: Any) -> str:
 
 FIELD_MAP: dict[str, tuple[tuple[str, ...], Callable[[Any], str]]] = {
     # sacct --format name: (path in the job object, converter to sacct's text)
-    "JobIDRaw": (("job_id",), _text),
+    "JobIDRaw": (("job_id",), lambda v: str(_int(v) or "")),
     "JobName": (("name",), _text),
     "User": (("user",), _text),
     "State": (("state", "current"), _state),
@@ -179,7 +161,13 @@ def job_record(obj: Any) -> AccountingRecord:
         raise ValueError(f"job {_text(raw_id)[:40]!r}: no valid job_id")
     fields = {name: conv(_get(obj, path)) for name, (path, conv) in FIELD_MAP.items()}
     fields["JobIDRaw"] = str(jid)
-    return AccountingRecord(fields["JobIDRaw"], fields["State"], fields)
+    alloc = _get(obj, ("tres", "allocated"))
+    return AccountingRecord(
+        fields["JobIDRaw"], fields["State"], fields,
+        job_state=dp.job_state(_get(obj, ("state", "current")), "state.current"),
+        exit=_exit(obj.get("exit_code")),
+        alloc_tres=dp.tres_list(alloc, "tres.allocated") if alloc is not None else {},
+    )
 
 
 def parse(text: str, warn: Warn | None = None) -> list[AccountingRecord]:
@@ -205,6 +193,6 @@ def parse(text: str, warn: Warn | None = None) -> list[AccountingRecord]:
     for obj in jobs:
         try:
             out.append(job_record(obj))
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError) as e:  # DataParserError is a ValueError
             say(f"skipped an accounting entry: {e}")
     return out

@@ -17,6 +17,8 @@ from slurm_colloc.node import job as jobmod
 from slurm_colloc.node.prolog import PrologDecision
 from slurm_colloc.slurm.squeue_json import parse_jobs
 
+from .slurm_shapes import v42_job
+
 REC = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=2048"
 ENV = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1001", "SLURM_JOB_GPUS": "0",
        "SLURM_JOB_USER": "alice", "SLURMD_NODENAME": "n1"}
@@ -25,14 +27,14 @@ ENV = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1001", "SLURM_JOB_GPUS": "0",
 def squeue_job(**over: Any) -> dict[str, Any]:
     job: dict[str, Any] = {
         "job_id": 7, "user_id": 1001, "user_name": "alice", "name": "train",
-        "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres:shard:2",
+        "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres/shard:2",
         "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "",
         "gres_detail": ["shard:2(IDX:0)"], "admin_comment": REC, "comment": "",
         "standard_output": "/home/alice/%j.out", "standard_error": "",
         "current_working_directory": "/home/alice", "batch_host": "n1", "exit_code": 0,
     }
     job.update(over)
-    return job
+    return v42_job(job)  # data_parser v0.0.42's shapes (24.11 through 26.05)
 
 
 class FakeSlurm:
@@ -48,6 +50,13 @@ class FakeSlurm:
         if self.fail:
             raise self.fail
         return self._jobs
+
+    def job(self, job_id: int) -> Any:
+        """The per-job query (scontrol --json show job) the epilog falls back to."""
+        self.calls.append("job")
+        if self.fail:
+            raise self.fail
+        return self._jobs.get(int(job_id))
 
     def __getattr__(self, name: str) -> Any:
         def record(*a: Any, **k: Any) -> None:
@@ -295,7 +304,7 @@ def test_epilog_uses_saved_context_without_the_controller(node, epilog_steps) ->
 
 def test_epilog_falls_back_to_the_controller(node, epilog_steps) -> None:
     assert entry.epilog_main(dict(ENV)) == 0
-    assert node.slurm.calls == ["jobs"]
+    assert node.slurm.calls == ["job"]  # this one job, not the whole queue
     assert [s[0] for s in epilog_steps] == ["release", "run"]
     assert epilog_steps[1][1].shards == 2
 

@@ -15,6 +15,7 @@ from slurm_colloc.report import job as job_report
 from slurm_colloc.report import jobs, model
 from slurm_colloc.report.inquirer import JobQuery, JobRow, SlurmInquirer
 from slurm_colloc.slurm.adapter import AccountingRecord
+from slurm_colloc.slurm.records import NO_EXIT
 from slurm_colloc.slurm.squeue_json import SlurmJob
 
 from .test_report_build import CFG, COLLOCATED, OOM0, OOM1, Fake, comment, row, world
@@ -132,7 +133,7 @@ def test_running_array_task_is_found_in_the_controller() -> None:
     from dataclasses import fields
 
     base = {f.name: "" for f in fields(SlurmJob)}
-    base.update(job_id=140, user_id=1000, restarts=0, gres_detail=(), exit_code=0,
+    base.update(job_id=140, user_id=1000, restarts=0, gres_detail=(), exit_code=NO_EXIT,
                 stdout=None, stderr=None, array_job_id=123, array_task_id=2, state="RUNNING",
                 name="arr", admin_comment="colloc1:mode=explicit,need_mib=4096,shards=4,"
                 "shard_mib=1024,alloc_mib=4096")

@@ -29,7 +29,15 @@ from slurm_colloc.mps.tenancy import Tenancy, TenancyError
 from slurm_colloc.node import entry, epilog, prolog
 from slurm_colloc.node import job as jobmod
 from slurm_colloc.slurm import adapter as ad
-from slurm_colloc.slurm.squeue_json import expand_output_path, parse_jobs
+from slurm_colloc.slurm.data_parser import (
+    BASE_STATES,
+    NAMING_FLAGS,
+    DataParserError,
+    exit_code,
+)
+from slurm_colloc.slurm.squeue_json import SqueueJsonError, expand_output_path, parse_jobs
+
+from .slurm_shapes import v42_job
 
 STANDIN = shutil.which("colloc-sim-mps-control") or str(
     Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
@@ -41,14 +49,14 @@ REAL = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=20
 def squeue_job(**over: Any) -> dict[str, Any]:
     job: dict[str, Any] = {
         "job_id": 7, "user_id": 1001, "user_name": "alice", "name": "train",
-        "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres:shard:2",
+        "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres/shard:2",
         "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "",
         "gres_detail": ["shard:2(IDX:0)"], "admin_comment": REAL, "comment": "",
         "standard_output": "/home/alice/%j.out", "standard_error": "",
         "current_working_directory": "/home/alice", "batch_host": "n1", "exit_code": 0,
     }
     job.update(over)
-    return job
+    return v42_job(job)  # data_parser v0.0.42's shapes (24.11 through 26.05)
 
 
 def scontrol_text(comment: str, stdout: str) -> str:
@@ -62,7 +70,8 @@ def scontrol_text(comment: str, stdout: str) -> str:
 
 
 class FakeSlurm:
-    """subprocess.run stand-in answering squeue --json and scontrol, counting calls."""
+    """subprocess.run stand-in answering squeue --json, scontrol --json (the same jobs)
+    and scontrol's text, counting calls."""
 
     def __init__(self, jobs: list[dict[str, Any]], scontrol: str = "") -> None:
         self.squeue = json.dumps({"jobs": jobs})
@@ -72,7 +81,7 @@ class FakeSlurm:
     def __call__(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         self.calls.append(argv)
         tool = argv[0].rsplit("/", 1)[-1]
-        if tool == "squeue":
+        if tool == "squeue" or (tool == "scontrol" and ad.JSON_FLAG in argv):
             return subprocess.CompletedProcess(argv, 0, self.squeue, "")
         if tool == "scontrol" and "show" in argv:
             return subprocess.CompletedProcess(argv, 0, self.scontrol, "")
@@ -104,7 +113,7 @@ def test_free_text_fields_cannot_forge_the_record_root_acts_on(
     assert ctx.admin_comment == REAL
     assert ctx.is_shared and not ctx.whole_gpu
     assert ctx.shards == 2 and ctx.gpus == (0,) and ctx.restarts == 0
-    assert not any("scontrol" in c[0] for c in fake.calls)
+    assert fake.calls and all(ad.JSON_FLAG in c for c in fake.calls)  # never scontrol text
 
 
 def test_uid_disagreement_between_slurmd_and_controller_is_refused() -> None:
@@ -129,15 +138,26 @@ def test_gpus_per_task_or_mixed_requests_are_never_shared() -> None:
 
 
 def test_huge_numbers_in_json_fields_do_not_crash_the_parser() -> None:
-    job = squeue_job(tres_per_node="gres:shard:" + "9" * 5000, restart_cnt="x",
+    job = squeue_job(tres_per_node="gres:shard:" + "9" * 5000,
                      gres_detail=["shard:1(IDX:0-99999999)"])
-    parsed = parse_jobs(json.dumps({"jobs": [job, {"job_id": "x"}, 5]}))
+    parsed = parse_jobs(json.dumps({"jobs": [job]}))
     assert list(parsed) == [7]
     with pytest.raises(jobmod.JobInfoError, match="allocation unreadable"):
         jobmod.context_from_job(parsed[7], ENV)
     ok = parse_jobs(json.dumps({"jobs": [{**job, "gres_detail": []}]}))[7]
     ctx = jobmod.context_from_job(ok, ENV)
     assert ctx.shards == 0 and ctx.restarts == 0 and not ctx.is_shared
+
+
+@pytest.mark.parametrize("bad", [{"restart_cnt": "x"}, {"job_id": "x"}, {"job_state": "RUNNING"},
+                                 {"job_state": []}, {"exit_code": 0},
+                                 {"gres_detail": "shard:2(2/39)"}, {"array_task_id": "2"}])
+def test_a_malformed_job_is_the_parsers_error_not_a_guess(bad: dict[str, Any]) -> None:
+    """A v0.0.42 field of the wrong shape (22.05's ``"RUNNING"`` string, a bare exit
+    status) fails the whole answer: "could not read" must never read as "no such job"
+    (the reaper) nor as restarts=0 / exit 0."""
+    with pytest.raises(SqueueJsonError):
+        parse_jobs(json.dumps({"jobs": [squeue_job(), {**squeue_job(job_id=8), **bad}]}))
 
 
 def test_output_patterns_are_expanded_like_slurmd() -> None:
@@ -422,12 +442,16 @@ _json = st.recursive(_json_scalar, lambda c: st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.dictionaries(st.sampled_from([*list(squeue_job()), "x"]), _json,
                                 max_size=12), max_size=5))
-def test_squeue_json_parser_never_raises_on_any_job_objects(jobs: list[dict[str, Any]]) -> None:
-    """Any JSON squeue could hold: parsed or dropped, nothing else escapes."""
-    parsed = parse_jobs(json.dumps({"jobs": jobs}))
+def test_squeue_json_parser_never_crashes_on_any_job_objects(jobs: list[dict[str, Any]]) -> None:
+    """Any JSON squeue could hold: parsed, or the parser's own error; nothing else."""
+    try:
+        parsed = parse_jobs(json.dumps({"jobs": [squeue_job(**j) for j in jobs]}))
+    except SqueueJsonError:
+        return
     for job in parsed.values():
         assert isinstance(job.job_id, int) and job.job_id > 0
         assert isinstance(job.admin_comment, str) and isinstance(job.tres_per_node, str)
+        assert job.state in BASE_STATES or job.state in NAMING_FLAGS
         try:
             ctx = jobmod.context_from_job(job, {**ENV, "SLURM_JOB_ID": str(job.job_id),
                                                 "SLURM_JOB_UID": str(job.user_id)})
@@ -437,9 +461,23 @@ def test_squeue_json_parser_never_raises_on_any_job_objects(jobs: list[dict[str,
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["status", "return_code", "signal", "x"]), _json,
+                       max_size=4))
+def test_exit_code_parser_is_total(obj: dict[str, Any]) -> None:
+    """An exit code object of any shape: typed, or the parser's error."""
+    try:
+        code = exit_code(obj)
+    except DataParserError:
+        return
+    assert all(isinstance(x, str) for x in code.status)
+    assert code.return_code is None or isinstance(code.return_code, int)
+    assert code.signal is None or isinstance(code.signal, int)
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_squeue_json_parser_refuses_non_documents(text: str) -> None:
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(SqueueJsonError):
         parse_jobs(text)
 
 

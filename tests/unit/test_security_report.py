@@ -35,18 +35,32 @@ from .test_report_build import CFG, COLLOCATED, SUB, comment, row, world
 T0 = 1_795_000_000  # 2026-11-18, a plain epoch second
 
 
+def num(n: int | None) -> dict[str, Any]:
+    """A data_parser v0.0.42 number (``set: false`` for None)."""
+    return {"set": n is not None, "infinite": False, "number": n or 0}
+
+
+def exit_obj(status: str = "SUCCESS", rc: int | None = 0, sig: int | None = None,
+             name: str = "") -> dict[str, Any]:
+    """A v0.0.42 exit code object."""
+    return {"status": [status], "return_code": num(rc),
+            "signal": {"id": num(sig), "name": name}}
+
+
 def job(jid: int, **kw: Any) -> dict[str, Any]:
-    """One job object as Slurm 22.05's ``sacct --json`` prints it (dbv0.0.38 keys)."""
+    """One job object as ``sacct --json=v0.0.42`` prints it (24.11 through 26.05)."""
     t = kw.pop("time", {})
+    state = kw.pop("state", "COMPLETED")
     return {
         "account": "colloc",
         "comment": {"administrator": kw.pop("admin", None), "job": kw.pop("comment", None),
                     "system": None},
-        "exit_code": kw.pop("exit_code", {"status": "SUCCESS", "return_code": 0}),
+        "exit_code": kw.pop("exit_code", exit_obj()),
         "job_id": jid,
         "name": kw.pop("name", "train"),
         "nodes": kw.pop("nodes", "n0"),
-        "state": {"current": kw.pop("state", "COMPLETED"), "reason": "None"},
+        "state": {"current": ["PENDING", "REQUEUED"] if state == "REQUEUED" else [state],
+                  "reason": "None"},
         "steps": [],
         "time": {"elapsed": 60, "eligible": T0, "end": T0 + 65, "start": T0 + 5,
                  "submission": T0, "suspended": 0, "limit": 60, **t},
@@ -70,7 +84,7 @@ def _parsable2(j: dict[str, Any]) -> str:
     tres = ",".join(f"{x['type']}{'/' + x['name'] if x['name'] else ''}={x['count']}"
                     for x in j["tres"]["allocated"])
     t = j["time"]
-    vals = [str(j["job_id"]), j["name"], j["user"], j["state"]["current"], "0:0",
+    vals = [str(j["job_id"]), j["name"], j["user"], j["state"]["current"][-1], "0:0",
             _iso(t["submission"]), _iso(t["start"]), _iso(t["end"]), "00:01:00", tres, tres,
             j["nodes"], j["comment"]["administrator"] or "", j["comment"]["job"] or ""]
     return "|".join(vals) + "\n"
@@ -87,9 +101,9 @@ class FakeSacct:
     def __call__(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         self.calls.append(argv)
         assert argv[0].endswith("sacct")
-        if "--json" in argv:
+        if ad.JSON_FLAG in argv:
             out = self.raw_json if self.raw_json is not None else json.dumps(
-                {"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "errors": [],
+                {"meta": {"plugin": {"data_parser": "data_parser/v0.0.42"}}, "errors": [],
                  "jobs": self.jobs})
         else:
             want = next((a.split("=", 1)[1] for a in argv if a.startswith("--user=")), None)
@@ -118,7 +132,7 @@ def test_m6_pipe_in_job_name_neither_hides_nor_invents_rows(
     assert [r.state for r in recs] == ["REQUEUED", "COMPLETED"]
     assert {r.fields["JobName"] for r in recs} == {"hide|me"}
     assert [r.fields["AdminComment"] for r in recs] == ["cl1:first", "cl1:second"]
-    assert "--json" in fake.calls[-1] and "--parsable2" not in fake.calls[-1]
+    assert ad.JSON_FLAG in fake.calls[-1] and "--parsable2" not in fake.calls[-1]
 
 
 def test_m6_newline_in_name_cannot_forge_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,7 +157,7 @@ def test_m6_period_rows_read_json_and_survive_crafted_tokens(
     rows = inq.period_rows("2026-11-01", None, None)
     assert [(r.job_id, r.name) for r in rows] == [("1", "a|b|c"), ("2", "[/]\n|"), ("3", "ok")]
     assert rows[2].admin_comment == SUB and rows[0].elapsed_s == 60
-    assert "--json" in fake.calls[-1]
+    assert ad.JSON_FLAG in fake.calls[-1]
     # 22.05's sacct --json ignores --user: the inquirer filters
     assert [r.job_id for r in inq.period_rows("2026-11-01", None, "bob")] == ["2"]
 
@@ -153,10 +167,10 @@ def test_m6_json_fields_keep_the_text_formats_callers_read(
     """M6: epoch ints become sacct's local ISO text, elapsed ``[D-]HH:MM:SS``, exit
     codes ``N:S``, TRES ``type/name=count``, never-started times ``Unknown``."""
     jobs = [
-        job(5, time={"elapsed": 93784}, exit_code={"status": "ERROR", "return_code": 3}),
+        job(5, time={"elapsed": 93784}, exit_code=exit_obj("ERROR", 3)),
         job(6, state="CANCELLED", time={"start": 0, "end": 0, "elapsed": 0},
-            exit_code={"status": "SIGNALED", "signal": {"signal_id": 9, "name": "Killed"}}),
-        job(7, state="PENDING", exit_code={"status": "PENDING"}, tres={"allocated": [],
+            exit_code=exit_obj("SIGNALED", None, 9, "KILL")),
+        job(7, state="PENDING", exit_code=exit_obj("PENDING", None), tres={"allocated": [],
             "requested": [{"type": "gres", "name": "gpu", "id": 1001, "count": 1}]},
             nodes="None assigned"),
     ]
@@ -368,10 +382,10 @@ def test_m6_bench_counts_plain_slurm_ooms_without_a_return_code() -> None:
     from slurm_colloc.slurm import sacct_json
 
     rec = sacct_json.job_record(
-        job(7, state="FAILED", exit_code={"status": "SUCCESS", "return_code": 0}))
+        job(7, state="FAILED", exit_code=exit_obj("SUCCESS", 0)))
     assert rec.exit_code == "0:0"
     o = outcome("j", 7, [rec], "x\ntorch.OutOfMemoryError: CUDA out of memory.\n")
     assert o.lost and o.oom_crashes == 1
-    killed = sacct_json.job_record(job(8, state="FAILED", exit_code={
-        "status": "SIGNALED", "signal": {"signal_id": 9, "name": "Killed"}}))
+    killed = sacct_json.job_record(job(8, state="FAILED", exit_code=exit_obj(
+        "SIGNALED", None, 9, "KILL")))
     assert outcome("k", 8, [killed], "torch.OutOfMemoryError\n").oom_crashes == 0

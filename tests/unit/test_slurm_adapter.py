@@ -10,6 +10,8 @@ import pytest
 
 from slurm_colloc.slurm import adapter as ad
 
+from .slurm_shapes import v42_job
+
 SHOW_JOB = (
     "JobId=42 JobName=train UserId=alice(1001) GroupId=alice(1001) Priority=1 "
     "JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 "
@@ -17,10 +19,11 @@ SHOW_JOB = (
     "AdminComment=cl1.abc GRES=shard:12(IDX:3)"
 )
 
-SACCT_JSON = json.dumps({"jobs": [  # sacct --json (22.05, openapi/dbv0.0.38), trimmed
-    {"job_id": 42, "name": "train", "user": "alice", "state": {"current": "REQUEUED"},
+SACCT_JSON = json.dumps({"jobs": [  # sacct --json=v0.0.42 (24.11 through 26.05), trimmed
+    {"job_id": 42, "name": "train", "user": "alice",
+     "state": {"current": ["PENDING", "REQUEUED"]},
      "comment": {"administrator": None}, "time": {"start": 1795000005}},
-    {"job_id": 42, "name": "train", "user": "alice", "state": {"current": "COMPLETED"},
+    {"job_id": 42, "name": "train", "user": "alice", "state": {"current": ["COMPLETED"]},
      "comment": {"administrator": "cl1.x"}, "time": {"start": 1795000105}},
 ]})
 
@@ -50,27 +53,26 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> tuple[ad.SlurmCli, FakeRun]:
     return ad.SlurmCli(env={"PATH": "/usr/bin"}, bindir="/usr/bin"), fake
 
 
-SQUEUE_JSON = json.dumps({"jobs": [  # squeue --json (22.05), trimmed
+SQUEUE_JSON = json.dumps({"jobs": [v42_job(  # squeue/scontrol --json=v0.0.42, trimmed
     {"job_id": 42, "user_id": 1001, "user_name": "alice", "name": "train",
-     "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres:shard:12",
-     "gres_detail": ["shard:12(IDX:3)"], "admin_comment": "cl1.abc",
+     "job_state": "RUNNING", "restart_cnt": 0, "tres_per_node": "gres/shard:12",
+     "gres_detail": ["shard:12(0/39,0/39,0/39,12/39)"], "admin_comment": "cl1.abc",
      "comment": "x AdminComment=colloc1:mode=whole GRES=gpu:4(IDX:0-3)",
-     "standard_output": "/home/alice/my dir/%j.out", "standard_error": "",
-     "current_working_directory": "/home/alice/my dir", "exit_code": 256},
-]})
+     "standard_output": "/home/alice/my dir/42.out", "standard_error": "",
+     "current_working_directory": "/home/alice/my dir", "exit_code": 256})]})
 
 
-def test_show_job_comes_from_squeue_json_not_scontrol_text(
+def test_show_job_comes_from_json_not_scontrol_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fake = FakeRun({"squeue": (0, SQUEUE_JSON, ""), "scontrol": (0, SHOW_JOB + "\n", "")})
+    fake = FakeRun({"scontrol": (0, SQUEUE_JSON, "")})
     monkeypatch.setattr(ad.subprocess, "run", fake)
     job = ad.SlurmCli(bindir="/usr/bin").show_job(42)
     assert job is not None
     assert job["GRES"] == "shard:12(IDX:3)" and job["AdminComment"] == "cl1.abc"
     assert job["StdOut"] == "/home/alice/my dir/42.out" and job["ExitCode"] == "1:0"
     assert job["JobState"] == "RUNNING"
-    assert [c[0] for c in fake.calls] == ["/usr/bin/squeue"]
+    assert fake.calls == [["/usr/bin/scontrol", ad.JSON_FLAG, "show", "job", "42"]]
 
 
 def test_submit_parses_cluster_suffix(cli: tuple[ad.SlurmCli, FakeRun]) -> None:
@@ -95,7 +97,7 @@ def test_failures_carry_the_command_and_stderr(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_unknown_job_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ad.subprocess, "run", FakeRun({"squeue": (0, SQUEUE_JSON, "")}))
+    monkeypatch.setattr(ad.subprocess, "run", FakeRun({"scontrol": (0, SQUEUE_JSON, "")}))
     assert ad.SlurmCli(bindir="/usr/bin").show_job(99) is None
 
 
