@@ -64,7 +64,7 @@ def test_colloc_summary_gives_shards_and_record(cluster, slurm, workdir, jobs) -
     jobs.append(_job_id(cp))
     info = slurm.show_job(jobs[0])
     assert info is not None
-    assert info["TresPerNode"] == "gres:shard:7"  # 7000 MiB, margin already inside
+    assert info["TresPerNode"] == "gres/shard:7"  # 7000 MiB, margin already inside
     assert info["Comment"] == "my words"
     rec = parse_record(info["AdminComment"])
     assert rec is not None and rec.mode == "estimate"
@@ -78,7 +78,7 @@ def test_sbatch_directive_form(cluster, slurm, workdir, jobs) -> None:
               "#SBATCH --colloc-optimizer=adamw\nsleep 30\n")
     jobs.append(_job_id(_sbatch(cluster, workdir, script=script)))
     info = slurm.show_job(jobs[0])
-    assert info is not None and info["TresPerNode"] == "gres:shard:3"
+    assert info is not None and info["TresPerNode"] == "gres/shard:3"
     rec = parse_record(info["AdminComment"])
     assert rec is not None and rec.mode == "estimate" and rec.need_mib == 3000
 
@@ -86,7 +86,7 @@ def test_sbatch_directive_form(cluster, slurm, workdir, jobs) -> None:
 def test_explicit_memory(cluster, slurm, workdir, jobs) -> None:
     jobs.append(_job_id(_sbatch(cluster, workdir, "--colloc-mem=5G")))
     info = slurm.show_job(jobs[0])
-    assert info is not None and info["TresPerNode"] == "gres:shard:5"
+    assert info is not None and info["TresPerNode"] == "gres/shard:5"
     assert info["AdminComment"].startswith("colloc1:mode=explicit,need_mib=5120,shards=5,")
 
 
@@ -107,7 +107,7 @@ def test_bypassing_cli_filter_gets_whole_gpu(cluster, slurm, workdir, jobs) -> N
     jobs.append(_job_id(cp))
     assert "whole GPU" in cp.stderr and "bypassed" in cp.stderr
     info = slurm.show_job(jobs[0])
-    assert info is not None and info["TresPerNode"] == "gres:shard:39"
+    assert info is not None and info["TresPerNode"] == "gres/shard:39"
     rec = parse_record(info["AdminComment"])
     assert rec is not None and rec.mode == "default" and rec.why == "no-estimate"
 
@@ -150,9 +150,9 @@ def test_rejections(cluster, workdir, args, summary_line, needle) -> None:
 def test_root_may_resize_a_colloc_job(cluster, slurm, workdir, jobs) -> None:
     """The epilog raises shards of a requeued job as root: job_modify lets uid 0 through."""
     jobs.append(_job_id(_sbatch(cluster, workdir, "--colloc-mem=2G")))
-    slurm.update_job(jobs[0], TresPerNode="gres:shard:4")
+    slurm.update_job(jobs[0], TresPerNode="gres/shard:4")
     info = slurm.show_job(jobs[0])
-    assert info is not None and info["TresPerNode"] == "gres:shard:4"
+    assert info is not None and info["TresPerNode"] == "gres/shard:4"
 
 
 def _gres_index(info: dict[str, str]) -> tuple[int, int] | None:
