@@ -4,7 +4,7 @@
 #               end-to-end core on every other supported release (24.11)
 # Slurm runs from Debian's packages in a root filesystem per release
 # (slurm_colloc/devcluster/rootfs.py, built on first use under /var/lib/colloc-rootfs);
-# the suite runs inside it, with the project in that root's Python (ROOT_VENV).
+# the suite runs inside it, with the project in that root's Python (.venv-slurm-<release>).
 # Debian's Python, not a per-user one (pyenv under /root): jobs, TaskProlog and the
 # simulated jobs run as other users and must be able to execute the venv's python.
 PY ?= /usr/bin/python3
@@ -14,10 +14,10 @@ STAMP := $(VENV)/.installed-stamp
 
 SLURM ?= 26.05
 OTHER_SLURM ?= 24.11
-ROOT_VENV := /opt/colloc-venv
-# a command inside a release's root filesystem (built or refreshed first)
+# a command inside a release's root filesystem (built or refreshed first), with the
+# project in the venv the root's Python made (.venv-slurm-<release>, this checkout)
 IN_ROOT = $(BIN)/colloc devcluster rootfs --release
-INNER = make --no-print-directory VENV=$(ROOT_VENV) PY=/usr/bin/python3
+INNER = make --no-print-directory PY=/usr/bin/python3 VENV=$(CURDIR)/.venv-slurm-
 E2E_CORE = tests/e2e/test_submit_path.py tests/e2e/test_node_path.py \
 	tests/e2e/test_adversarial.py tests/e2e/test_multinode.py
 
@@ -43,7 +43,7 @@ devcluster-down: venv
 	$(BIN)/colloc devcluster down --slurm $(SLURM)
 
 demo: venv
-	$(IN_ROOT) $(SLURM) -- $(INNER) demo-here
+	$(IN_ROOT) $(SLURM) -- $(INNER)$(SLURM) demo-here
 
 demo-here: venv
 	$(BIN)/colloc demo
@@ -60,8 +60,8 @@ e2e: venv
 	$(BIN)/pytest -q tests/e2e
 
 test: venv lint
-	$(IN_ROOT) $(SLURM) -- $(INNER) test-here
-	$(IN_ROOT) $(OTHER_SLURM) -- $(INNER) e2e-core
+	$(IN_ROOT) $(SLURM) -- $(INNER)$(SLURM) test-here
+	$(IN_ROOT) $(OTHER_SLURM) -- $(INNER)$(OTHER_SLURM) e2e-core
 
 # inside a release's root filesystem (as `make test` runs them)
 test-here: venv
@@ -71,4 +71,4 @@ e2e-core: venv
 	$(BIN)/pytest -q $(E2E_CORE)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-slurm-* build *.egg-info .mypy_cache .ruff_cache .pytest_cache

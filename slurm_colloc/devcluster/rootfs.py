@@ -5,8 +5,8 @@ forky. A lab machine runs whichever Debian it has, so each release's packages ar
 installed in a root filesystem built from Debian's archive with debootstrap and
 entered with chroot: there the devcluster's own code (namespaces, daemons,
 simulated GPUs) runs unchanged, with the project installed in that root's Python
-(``/opt/colloc-venv``, an editable install of this checkout, bind-mounted at the
-same path so paths agree inside and out).
+(``<checkout>/.venv-slurm-<release>``, an editable install of this checkout,
+bind-mounted at the same path so paths agree inside and out).
 
 Built once into ``/var/lib/colloc-rootfs/<release>``, rebuilt when its recipe
 changes, its packages upgraded when older than :data:`MAX_AGE_S`. Two pitfalls of
@@ -61,8 +61,10 @@ DEFAULT_RELEASE = "26.05"
 """The newest: what ``make demo``, ``make test`` and ``colloc devcluster up`` run."""
 
 BASE = Path("/var/lib/colloc-rootfs")
-VENV = Path("/opt/colloc-venv")
-"""The project's virtual environment inside a root filesystem."""
+VENV_PREFIX = ".venv-slurm-"
+"""The project's virtual environment for a release: ``<checkout>/.venv-slurm-<release>``,
+visible inside at the same path; one per checkout, so two checkouts sharing a root
+filesystem never run each other's code."""
 MARKER = "etc/colloc-rootfs.json"
 """Inside a root filesystem: its release and recipe (absent on a host)."""
 MAX_AGE_S = 7 * 86400
@@ -191,9 +193,15 @@ def remove(root: Path) -> None:
 
 
 # ---------------------------------------------------------------- commands inside
-def inner_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def venv_of(version: str) -> Path:
+    """The project's virtual environment for ``version``'s root filesystem."""
+    return checkout() / f"{VENV_PREFIX}{version}"
+
+
+def inner_env(version: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """A clean environment for a command inside, with what must cross over."""
-    env = {"PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    venv = venv_of(version)
+    env = {"PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "HOME": "/root", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
     for k, v in os.environ.items():
         if (k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)) and k not in DROP_ENV:
@@ -208,7 +216,7 @@ def command(root: Path, argv: Sequence[str], *, cwd: Path | None = None,
     where = str(cwd or Path.cwd())
     if not any(Path(where).is_relative_to(s) for s in bind_sources()):
         where = "/"
-    pairs = [f"{k}={v}" for k, v in inner_env(env).items()]
+    pairs = [f"{k}={v}" for k, v in inner_env(root.name.removesuffix(".partial"), env).items()]
     return ["chroot", str(root), "/usr/bin/env", "-i", *pairs, "/bin/sh", "-c",
             'cd "$0" && exec "$@"', where, *argv]
 
@@ -363,12 +371,13 @@ def _write_state(rel: Release, root: Path) -> None:
 def ensure_venv(root: Path) -> None:
     """The project installed (editable) in the root's Python, by the Makefile's rule."""
     top = checkout()
-    run(root, ["make", "-s", "-C", str(top), f"VENV={VENV}", "PY=/usr/bin/python3", "venv"])
+    run(root, ["make", "-s", "-C", str(top), f"VENV={venv_of(root.name)}",
+               "PY=/usr/bin/python3", "venv"])
 
 
 def reexec(version: str, argv: Sequence[str]) -> int:
     """Run ``colloc ARGV`` inside ``version``'s root filesystem (built if needed)."""
     root = ensure(version)
     ensure_venv(root)
-    return run(root, [f"{VENV}/bin/colloc", *argv], check=False)
+    return run(root, [f"{venv_of(version)}/bin/colloc", *argv], check=False)
 
