@@ -217,3 +217,39 @@ def test_a_job_that_drops_its_cap_cannot_take_the_gpu(
     info = slurm.show_job(victim) or {}
     assert info.get("Restarts") == "0", info  # the victim was never requeued
     assert node_state(cluster) in ("idle", "mix")
+
+
+def test_prolog_refuses_a_gpu_the_controller_did_not_allocate(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path, users: None
+) -> None:
+    """The prolog starts MPS only where slurmd's SLURM_JOB_GPUS and the controller's
+    allocation agree. On 24.11+ a shard job's ``gres_detail`` reads ``shard:3(3/39,...)``
+    (no IDX): unparsed, the cross-check was silently skipped and a lying GPU index was
+    accepted. Replayed with the real controller's JSON of a running shard job and the
+    prolog run as slurmd runs it, with another GPU in its environment."""
+    import pwd
+
+    job = sbatch(cluster, workdir, "sleep 60", "--gres=shard:3", user=ATTACKER)
+    try:
+        deadline = time.monotonic() + 60
+        while (j := slurm.job(job)) is None or j.state != "RUNNING":
+            assert time.monotonic() < deadline, "the shard job did not start"
+            time.sleep(0.5)
+        assert j.allocated_gpus is not None and len(j.allocated_gpus) == 1, j
+        real = j.allocated_gpus[0]
+        other = (real + 1) % cluster.spec.gpus
+        env = {**cluster.env(), "SLURM_JOB_ID": str(job),
+               "SLURM_JOB_UID": str(pwd.getpwnam(ATTACKER).pw_uid),
+               "SLURM_JOB_USER": ATTACKER, "SLURMD_NODENAME": cluster.spec.node_name,
+               "SLURM_JOB_GPUS": str(other), "CUDA_VISIBLE_DEVICES": str(other)}
+        cp = subprocess.run([str(cluster.layout.bin / "colloc-prolog")], env=env,
+                            capture_output=True, text=True, check=False, timeout=60)
+        assert cp.returncode == 0, cp  # never drain the node on our refusal
+        refusal = [ln for ln in _log(cluster).splitlines()
+                   if f"job {job}:" in ln and "not acting" in ln]
+        assert any(f"slurmd bound GPUs [{other}]" in ln for ln in refusal), _log(cluster)[-3000:]
+        tenancy = Tenancy(Path(cfgmod.load(cluster.layout.colloc_conf).mps_root))
+        assert job not in tenancy.jobs_of(other, pwd.getpwnam(ATTACKER).pw_uid)
+    finally:
+        slurm.cancel([job])
+        wait_for_jobs(slurm, [job], timeout=60)

@@ -10,7 +10,6 @@ Slurm node path and compares the speeds the jobs report.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 from slurm_colloc import config as cfgmod
@@ -18,7 +17,7 @@ from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.node.mps_protocol import v3_node
 from slurm_colloc.slurm.adapter import SlurmCli, wait_for_jobs
 from tests.e2e.conftest import ensure_user, sbatch
-from tests.e2e.test_node_path import _gres_idx
+from tests.e2e.test_node_path import _gpu_of, _one_gpu_with_room, _wait_running
 
 USERS = ("colloc-u1", "colloc-u2")
 JOB = ('echo "PIPE=$CUDA_MPS_PIPE_DIRECTORY PROTO=${COLLOC_MPS_PROTOCOL:-2}"\n'
@@ -29,13 +28,14 @@ def _pair(cluster: Cluster, slurm: SlurmCli, workdir: Path) -> list[str]:
     """Submit one job per user; both must run together on one GPU and complete."""
     for u in USERS:
         ensure_user(cluster, u)
-    jobs = [sbatch(cluster, workdir, JOB, "--gres=shard:4", user=u) for u in USERS]
-    time.sleep(2)
-    gres = [_gres_idx(slurm, j) for j in jobs]
+    with _one_gpu_with_room(cluster, slurm, workdir):  # least-loaded placement spreads
+        jobs = [sbatch(cluster, workdir, JOB, "--gres=shard:4", user=u) for u in USERS]
+        _wait_running(slurm, jobs)
+    gpus = [_gpu_of(slurm, j) for j in jobs]
     states = wait_for_jobs(slurm, jobs, timeout=120)
     outs = [(workdir / f"{j}.out").read_text() for j in jobs]
     assert set(states.values()) == {"COMPLETED"}, (states, outs)
-    assert len({g.split("IDX:")[-1] for g in gres}) == 1, gres  # one GPU, two users
+    assert None not in gpus and len(set(gpus)) == 1, gpus  # one GPU, two users
     assert all("co-tenants 1" in o for o in outs), outs
     return outs
 
