@@ -247,11 +247,24 @@ def test_one_whole_gpu_becomes_all_shards_of_one_gpu(h: Harness, fields: dict[st
     assert rec is not None and rec.mode == "whole" and rec.shards == 40
 
 
-def test_several_gpus_per_node_take_the_node_exclusively(h: Harness) -> None:
-    rc, job = h.submit(None, tres_per_node="gres/gpu:4")
-    assert rc == 0
-    assert job.tres_per_node == "gres/gpu:4" and job.shared == 0
+@pytest.mark.parametrize("fields", [
+    {"tres_per_node": "gres/gpu:4"},
+    {"tres_per_node": "gres/gpu:2"},
+    {"tres_per_job": "gres/gpu:2"},
+    {"tres_per_node": "gres/gpu:a100:2", "shared": 65534},  # NO_VAL16: Slurm's "not given"
+])
+def test_several_gpus_keep_their_gpus_and_share_the_node(h: Harness,
+                                                        fields: dict[str, Any]) -> None:
+    """Slurm 24.11+ never gives a shard GPU to a gres/gpu job (tests/e2e/
+    test_gpu_shard_overlap.py): a multi-GPU job keeps gres/gpu:N as submitted and is no
+    longer given its nodes exclusively (the 22.05 rule set job_desc.shared = 0)."""
+    rc, job = h.submit(None, **fields)
+    assert rc == 0, h.user_msgs
+    for f in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket"):
+        assert getattr(job, f) == fields.get(f), f
+    assert job.shared == fields.get("shared")  # never set to 0 (exclusive)
     assert job.admin_comment is None
+    assert any("left as submitted (gres/gpu)" in m for m in h.info), h.info
 
 
 def test_jobs_without_gpus_are_untouched(h: Harness) -> None:
@@ -304,9 +317,9 @@ def test_gpu_requests_in_either_spelling_are_seen(h: Harness, prefix: str) -> No
     # a --colloc job with a GPU request is refused whichever way Slurm spells it
     rc, _ = h.submit({"colloc_mem": "2G"}, tres_per_node=f"{prefix}gpu:1")
     assert rc not in (0, None) and "--gres=gpu" in h.user_msgs[-1]
-    # several GPUs: nodes exclusively, the request as Slurm gave it
+    # several GPUs: the request as Slurm gave it, the node shared (not exclusive)
     rc, job = h.submit(None, tres_per_node=f"{prefix}gpu:4")
-    assert rc == 0 and job.shared == 0 and job.tres_per_node == f"{prefix}gpu:4"
+    assert rc == 0 and job.shared is None and job.tres_per_node == f"{prefix}gpu:4"
     # a user's update adding a GPU is refused in either spelling
     assert _modify(h, 1000, None, tres_per_node=f"{prefix}gpu:1") != 0
 

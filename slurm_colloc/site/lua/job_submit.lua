@@ -48,18 +48,22 @@ A job that asks for gres/shard without --colloc gets mode=shards, so the node
 scripts limit its memory to what it asked for (shards, typed or not, must be asked
 per node in one entry and fit one GPU).
 
-Whole GPUs next to shards: Slurm 22.05 did not keep gres/gpu and gres/shard apart
-(seen on the devcluster: a --gres=gpu:1 job was given GPU 0 while three shard jobs ran
-on it); 23.11's CHANGELOG says that is fixed, which this project has not yet seen for
-itself on 24.11+. So, still, in a listed partition a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1],
---gpus=1 on one node, --gpus-per-node=1) becomes all the shards of one GPU of that
-partition (mode=whole: the node scripts run it without MPS; the job's other gres stay),
-and a job that may hold more than one GPU of a node (several GPUs, --gpus on several
-nodes, --gpus-per-task, --gpus-per-socket) gets its nodes exclusively (no shared job
-can land on its GPUs, nothing is squeezed onto one GPU); so does a one-GPU job whose
-partitions mix listed and other partitions, or listed ones of different GPU sizes (no
-single shard count fits them all). A job asking for whole GPUs and shards together is
-refused.
+Whole GPUs next to shards: Slurm 22.05 did not keep gres/gpu and gres/shard apart (seen
+on the devcluster: a --gres=gpu:1 job was given GPU 0 while three shard jobs ran on it).
+23.11 fixed that, and 24.11.5 and 26.05.5 were seen keeping them apart on the devcluster
+(tests/e2e/test_gpu_shard_overlap.py, docs/job-submit.md): a gres/gpu job is given only
+GPUs that no shard job holds and waits while there are too few, and no shard job goes to
+a GPU a gres/gpu job holds. So a job that may hold more than one GPU of a node (several
+GPUs, --gpus on several nodes, --gpus-per-task, --gpus-per-socket) is left as submitted:
+it keeps its gres/gpu and shares its nodes, never its GPUs, with shard jobs (nothing is
+squeezed onto one GPU; until 22.05 was dropped it took its nodes exclusively). So is a
+one-GPU job whose partitions mix listed and other partitions, or listed ones of
+different GPU sizes (no single shard count is one GPU everywhere it may run). In a
+listed partition a one-GPU request (--gres=gpu:1, --gres=gpu:TYPE[:1], --gpus=1 on one
+node, --gpus-per-node=1) still becomes all the shards of one GPU of that partition
+(mode=whole; the job's other gres stay): no longer to keep it off shared GPUs, but so
+that it is recorded (AdminComment, accounting) and known to the epilog and colloc-report
+as colloc's whole-GPU job. A job asking for whole GPUs and shards together is refused.
 
 All GPU requests are read from every TRES field (tres_per_node/job/socket/task), gres
 entries "gres/NAME[:TYPE][:COUNT]" (how Slurm 24.11+ hands a user's --gres=gpu:1 or
@@ -75,9 +79,9 @@ written only from values computed or validated here.
 slurm_job_modify: root/SlurmUser (the epilog's requeue raising shards and rewriting the
 record) pass. Users may not change the GPU request of a recorded job, nor add shard
 requests to any job, nor gpu requests to a job that may run in a listed partition, by
-`scontrol update` (a user's update can neither carry the record, AdminComment being
-admin-only in Slurm, nor make the job exclusive, so it cannot be normalised the way a
-submission is: cancel and resubmit), nor move a recorded job, or a GPU job into a listed
+`scontrol update` (a user's update cannot carry the record, AdminComment being
+admin-only in Slurm, so it cannot be normalised the way a submission is, and a new
+gpu:1 would skip the whole-GPU conversion: cancel and resubmit), nor move a recorded job, or a GPU job into a listed
 partition, to other partitions, nor write a colloc record into AdminComment.
 
 Messages: slurm.log_* take a printf FORMAT (22.05: string.format(unpack({...}))), so
@@ -574,9 +578,11 @@ local function without_gpus(r)
 	return tres_join(r.other)
 end
 
-local function exclusive(job_desc, submit_uid, why)
-	job_desc.shared = 0
-	slurm.log_info("colloc: job_submit: uid %s: %s: nodes given exclusively",
+-- A GPU job left with its gres/gpu in a listed partition: Slurm (23.11+, seen on 24.11
+-- and 26.05) never gives a GPU that shard jobs hold to a gres/gpu job, nor the other way
+-- round, so the job shares its nodes, not its GPUs.
+local function keep_gpus(submit_uid, why)
+	slurm.log_info("colloc: job_submit: uid %s: %s: left as submitted (gres/gpu)",
 		tostring(submit_uid), why)
 	return slurm.SUCCESS
 end
@@ -590,13 +596,14 @@ local function whole_gpu_submit(job_desc, req, submit_uid, names, shared, lo, hi
 	local single = next(req.gpu_fields, field) == nil and n == 1 and #req[field].gpu == 1
 	if not (single and (field == "tres_per_node" or (field == "tres_per_job" and one_node))) then
 		-- May hold several GPUs of a node (several GPUs, --gpus over several nodes,
-		-- --gpus-per-task, --gpus-per-socket): Slurm 22.05 put shard jobs on them,
-		-- and squeezing them onto one GPU would be wrong; take the nodes whole.
-		return exclusive(job_desc, submit_uid, string.format("%d GPUs (%s)", req.gpus, field))
+		-- --gpus-per-task, --gpus-per-socket): squeezing them onto one GPU would be
+		-- wrong, and Slurm keeps shard jobs off their GPUs (no longer the node: 22.05
+		-- put shard jobs on a gres/gpu job's GPUs, so such jobs took their nodes whole).
+		return keep_gpus(submit_uid, string.format("%d GPUs (%s)", req.gpus, field))
 	end
 	if #shared < #names or lo ~= hi then
 		-- one shard count cannot stand for one GPU in every partition it may run in
-		return exclusive(job_desc, submit_uid, "one GPU in partitions " .. table.concat(names, ",")
+		return keep_gpus(submit_uid, "one GPU in partitions " .. table.concat(names, ",")
 			.. " (not all shared, or GPUs of different sizes)")
 	end
 	local spg = shards_of(lo)
