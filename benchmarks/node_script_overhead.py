@@ -10,24 +10,36 @@ environment slurmd gives them) against a devcluster, for a held shard job:
   (the scan reads only the tail; requeue disabled here so the job stays put).
 
 Usage (root):  .venv/bin/python benchmarks/node_script_overhead.py [--runs 15]
-Uses its own devcluster root and ports; takes about a minute.
+Uses its own devcluster root and ports (always taken down, also on SIGTERM); takes
+about a minute. The last line is the figures as JSON (``BENCH_JSON {...}``, read by
+benchmarks/across_releases.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import FrameType
+
+from bench_cleanup import end_leftovers
 
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.layout import Layout, Spec
 
 ROOT = Path("/var/lib/colloc-bench-node")
 SPEC = Spec(ctld_port=19117, slurmd_port=19118, dbd_port=19119, mysql_port=19106)
+JSON_PREFIX = "BENCH_JSON "
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # run the ``finally`` that takes our cluster down
 
 
 def _run(wrapper: Path, env: dict[str, str]) -> float:
@@ -49,10 +61,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
     cluster = Cluster(Layout(ROOT), SPEC)
-    cluster.down()
-    cluster.up()
     try:
+        cluster.down()  # a leftover of an interrupted run
+        cluster.up()
         bin_ = cluster.layout.bin
         base = {"SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root", "SLURM_JOB_GPUS": "0",
                 "SLURMD_NODENAME": cluster.spec.node_name, "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
@@ -109,8 +122,18 @@ def main() -> None:
         print(f"epilog, job without OOM              : {ms(epi)}")
         print(f"epilog, {size / 1e9:.2f} GB log ending in GPU OOM   : {ms(big)}")
         print("target: prolog + task prolog well under 1 s")
+        series = {"prolog_cold": cold, "prolog_warm": warm, "task_prolog": task,
+                  "epilog": epi, "epilog_big_log": big}
+        figures = {
+            "benchmark": "node_script_overhead", "runs": args.runs, "big_log_bytes": size,
+            "median_ms": {k: statistics.median(v) * 1000 for k, v in series.items()},
+            "max_ms": {k: max(v) * 1000 for k, v in series.items()},
+        }
+        print(JSON_PREFIX + json.dumps(figures), flush=True)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no second signal mid-teardown
         cluster.down()
+        end_leftovers(cluster.layout.slurm_conf)  # the epilogs' detached record writers
         os.sync()
 
 
