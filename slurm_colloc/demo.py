@@ -138,8 +138,14 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
     seen_oom = False
     deadline = time.monotonic() + 240
     last_print = 0.0
+    placed: dict[str, tuple[int, ...]] = {}  # each job's first GPUs, as the controller says
     while time.monotonic() < deadline:
         states = {n: job_state(slurm, j) for n, j in ids.items()}
+        for n, j in ids.items():
+            if n not in placed and states[n] == "RUNNING":
+                sj = slurm.job(j)
+                if sj is not None and sj.allocated_gpus:
+                    placed[n] = sj.allocated_gpus
         if time.monotonic() - last_print > 3:
             last_print = time.monotonic()
             samples = [s for s in backend.sample_all() if s.processes]  # idle GPUs show the reserve
@@ -180,8 +186,8 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
     ok = all(v == "COMPLETED" for v in final.values())
     console.print()
     if ok:
-        console.print("[bold green]All jobs completed[/]: three jobs shared one GPU, and the one "
-                      "that outgrew its share was recovered on a GPU of its own. No work lost.")
+        console.print(f"[bold green]All jobs completed[/]: {_placement(placed)}; the one that "
+                      "outgrew its share was recovered on a GPU of its own. No work lost.")
     else:
         console.print(f"[bold red]Not every job completed[/]: {final}; "
                       f"see {cluster.layout.log}/colloc.log")
@@ -197,6 +203,17 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
                   "philly90   (90-job trace through Slurm, whole-GPU vs shards vs colloc, "
                   "about 7 minutes; results in benchmarks/results/)")
     return 0 if ok else 1
+
+
+def _placement(placed: dict[str, tuple[int, ...]]) -> str:
+    """What Slurm did with the shards, in words: least-loaded placement (LL_SHARED_GRES,
+    23.11+) spreads jobs over idle GPUs first and shares a GPU only when it must."""
+    gpus = sorted({g for v in placed.values() for g in v})
+    if len(placed) > 1 and len(gpus) == 1:
+        return f"{len(placed)} jobs shared GPU {gpus[0]} under MPS"
+    where = ", ".join(f"{n} on GPU {','.join(map(str, v))}" for n, v in placed.items())
+    return (f"Slurm spread the first attempts over GPUs {','.join(map(str, gpus))} "
+            f"(least-loaded first: {where}); each ran under MPS capped at its shards")
 
 
 def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,

@@ -50,16 +50,17 @@ def _modify(h: Harness, uid: int, rec: dict[str, Any], **desc: Any) -> int:
     {"tres_per_task": "gres/gpu:a100:1", "num_tasks": 4},
     {"tres_per_job": "gres/gpu:1", "tres_per_task": "gres/gpu:1"},
 ])
-def test_m4_gpus_per_task_or_socket_take_nodes_exclusively(
+def test_m4_gpus_per_task_or_socket_keep_their_gpus(
         h: Harness, fields: dict[str, Any]) -> None:
     """M4: --gpus-per-task/--gpus-per-socket were not seen by the whole-GPU guard.
 
     Such a job may hold several GPUs of a node, so it must not be squeezed onto the
-    shards of one GPU; it gets its nodes exclusively, like any multi-GPU job.
+    shards of one GPU; like any multi-GPU job it keeps its gres/gpu (Slurm 24.11+ keeps
+    it off GPUs that shard jobs hold: tests/e2e/test_gpu_shard_overlap.py).
     """
     rc, job = h.submit(None, **fields)
     assert rc == 0, h.user_msgs
-    assert job.shared == 0
+    assert job.shared is None and job.admin_comment is None
     assert job.tres_per_node is None  # not turned into shards
 
 
@@ -119,9 +120,9 @@ def test_m4_typed_or_odd_one_gpu_becomes_whole(h: Harness, tres: str) -> None:
     {"tres_per_job": "gres/gpu:1", "min_nodes": 2},
 ])
 def test_m4_several_gpus_are_not_squeezed(h: Harness, fields: dict[str, Any]) -> None:
-    """M4: multi-GPU requests keep their GPUs and take their nodes exclusively."""
+    """M4: multi-GPU requests keep their GPUs (as submitted, the node not exclusive)."""
     rc, job = h.submit(None, **fields)
-    assert rc == 0 and job.shared == 0
+    assert rc == 0 and job.shared is None
     assert "shard" not in str(job.tres_per_node)
 
 
@@ -152,8 +153,8 @@ def test_m4_user_update_of_plain_job_to_gpus_or_shards_refused(
     """M4: scontrol update of a plain pending job to gres:gpu:1/gres:shard:200 bypassed submit.
 
     A user's update cannot carry the AdminComment record (Slurm keeps AdminComment to
-    admins) nor make the job exclusive, so it cannot be normalised like a submission:
-    it is refused and the user told to resubmit.
+    admins), so it cannot be normalised like a submission (a new gpu:1 would skip the
+    whole-GPU conversion): it is refused and the user told to resubmit.
     """
     assert _modify(h, 1000, {"admin_comment": None}, **desc) != 0
     assert "resubmit" in h.user_msgs[-1]
