@@ -330,7 +330,7 @@ def test_requeue_holds_updates_then_releases() -> None:
     assert epilog.requeue(ctx_of(), s, 40, admin_comment="cl1:rec") is None
     assert s.kinds() == ["requeue", "update:TresPerNode", "update:AdminComment", "release"]
     assert s.calls[0] == ("requeue", 77, True)
-    assert s.calls[1][3] == "gres:shard:40"
+    assert s.calls[1][3] == "gres/shard:40"
 
 
 def test_requeue_same_request_of_a_shared_job_updates_nothing() -> None:
