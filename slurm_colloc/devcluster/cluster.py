@@ -169,7 +169,9 @@ class Cluster:
                 L.log / "slurmdbd.log", "slurmdbd", extra_env=slurm_release.slurmdbd_env(),
             ),
             Daemon(
-                "slurmctld", ("/usr/sbin/slurmctld",), L.run / "slurmctld.pid",
+                # -i: a slurmctld killed mid-run may leave a state file unwritten
+                # (26.05 stops at a missing assoc_usage); jobs are still recovered
+                "slurmctld", ("/usr/sbin/slurmctld", "-i"), L.run / "slurmctld.pid",
                 L.log / "slurmctld.log", "slurmctld",
             ),
             *self._slurmds(),

@@ -148,8 +148,10 @@ def slurmd_argv(spec: Spec, layout: Layout, node: NodePlan) -> tuple[str, ...]:
 
 
 def enter_argv(slurmd_pid: int, argv: list[str]) -> list[str]:
-    """Run ``argv`` in a host's namespaces (those of its running slurmd)."""
-    return ["nsenter", "-t", str(slurmd_pid), "-m", "-u", "-n", "--", *argv]
+    """Run ``argv`` in a host's namespaces (those of its running slurmd), under its root
+    directory too (``-r``: inside a release's root filesystem that is the chroot, not
+    the mount namespace's own root) and in its working directory (``-w``)."""
+    return ["nsenter", "-t", str(slurmd_pid), "-m", "-u", "-n", "-r", "-w", "--", *argv]
 
 
 def describe(spec: Spec) -> str:

@@ -166,6 +166,12 @@ def mount(root: Path) -> None:
         (["--rbind", "/dev"], root / "dev"),
     ]
     plan += [(["--bind", str(src)], root / str(src).lstrip("/")) for src in bind_sources()]
+    if not _is_mount(root):
+        # "/" inside must be a mount point: `ip netns exec` (the multi-node hosts) runs
+        # `mount --make-rslave /`, which fails on a plain directory. Bound onto itself
+        # first, the others on top.
+        umount(root)
+        _run(["mount", "--bind", str(root), str(root)], f"mounting {root}")
     for args, target in plan:
         target.mkdir(parents=True, exist_ok=True)
         if _is_mount(target):
