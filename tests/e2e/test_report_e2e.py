@@ -14,6 +14,7 @@ import pytest
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.slurm.adapter import SlurmCli, job_state, wait_for_jobs
 from tests.e2e.conftest import sbatch
+from tests.e2e.test_node_path import _one_gpu_with_room, _wait_running
 
 pytestmark = pytest.mark.devcluster
 
@@ -43,12 +44,14 @@ def final_json(cluster: Cluster, slurm: SlurmCli, job: int, attempts: int) -> di
 def test_collocated_and_recovered_jobs_are_reported(
     cluster: Cluster, slurm: SlurmCli, workdir: Path, tmp_path: Path
 ) -> None:
-    a = sbatch(cluster, workdir, "colloc-simjob --mem 3G --peak 5G --peak-at 0.5 "
-               "--sm-activity 30 --seconds 12", "--gres=shard:8")
-    b = sbatch(cluster, workdir, "colloc-simjob --mem 6G --sm-activity 40 --seconds 12",
-               "--gres=shard:10")
-    c = sbatch(cluster, workdir, "colloc-simjob --mem 3G --peak 12G --peak-at 0.3 "
-               "--sm-activity 50 --seconds 10", "--gres=shard:6")
+    with _one_gpu_with_room(cluster, slurm, workdir):  # least-loaded placement spreads
+        a = sbatch(cluster, workdir, "colloc-simjob --mem 3G --peak 5G --peak-at 0.5 "
+                   "--sm-activity 30 --seconds 12", "--gres=shard:8")
+        b = sbatch(cluster, workdir, "colloc-simjob --mem 6G --sm-activity 40 --seconds 12",
+                   "--gres=shard:10")
+        c = sbatch(cluster, workdir, "colloc-simjob --mem 3G --peak 12G --peak-at 0.3 "
+                   "--sm-activity 50 --seconds 10", "--gres=shard:6")
+        _wait_running(slurm, [a, b, c])
     da = final_json(cluster, slurm, a, 1)
     (att,) = da["attempts"]
     assert att["limit_mib"] == 8192 and att["gpu"] is not None
