@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_expand_gres_files() -> None:
         "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia7"]
 
 
-V2 = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
+V2 = Path(sys.executable).parent / "colloc-sim-mps-control"  # this venv (in a root: its own)
 V3 = V2.with_name("colloc-sim-mps-control-v3")
 
 
