@@ -162,6 +162,13 @@ def _gres_index(info: dict[str, str]) -> tuple[int, int] | None:
 
 def test_jobs_fill_gpus_in_shards_without_overcommit(cluster, slurm, workdir, jobs) -> None:
     sizes = [30, 30, 20, 15, 10, 10, 8, 8, 5, 5, 30, 30]  # GiB: 201 > 4 x 39
+    import time as _t
+
+    # the arithmetic below counts only these jobs: start from a node no earlier test's
+    # job (still ending, or a whole GPU) holds any of
+    quiet = _t.monotonic() + 90
+    while any(j.active for j in slurm.jobs().values()) and _t.monotonic() < quiet:
+        _t.sleep(1)
     for gib in sizes:
         cp = subprocess.run(
             ["sbatch", "--parsable", "-o", "/dev/null", f"--chdir={workdir}",
