@@ -333,11 +333,13 @@ class SlurmCli(SlurmAdapter):
 
     def controller_config(self) -> dict[str, str]:
         cp = self._run("scontrol", "show", "config")
-        out = {}
+        out: dict[str, str] = {}
         for line in cp.stdout.splitlines():
             k, eq, v = line.partition("=")
             if eq:
-                out[k.strip().lower()] = v.strip()
+                # 23.02+ lists several Prolog/Epilog scripts as ``Prolog[0]``, ``Prolog[1]``
+                key = re.sub(r"\[\d+\]$", "", k.strip()).lower()
+                out[key] = f"{out[key]},{v.strip()}" if key in out else v.strip()
         return out
 
     def sbatch_help(self) -> str:

@@ -162,7 +162,8 @@ def test_wheel_cluster_requeues_an_oom_on_a_whole_gpu_and_reports_both(
 ) -> None:
     env = wheel_cluster
     conf = _ok(_run(["scontrol", "show", "config"], env=env))
-    wired = {k.strip(): v.strip() for k, v in
+    # 23.02+ prints several scripts per key as Prolog[0], Prolog[1]: ours is the first
+    wired = {k.strip().removesuffix("[0]"): v.strip() for k, v in
              (ln.split("=", 1) for ln in conf.splitlines() if "=" in ln)}
     for key, name in (("Prolog", "colloc-prolog"), ("TaskProlog", "colloc-task-prolog"),
                       ("Epilog", "colloc-epilog")):
