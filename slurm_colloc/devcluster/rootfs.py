@@ -174,11 +174,26 @@ def mount(root: Path) -> None:
         _run(["mount", "--bind", str(root), str(root)], f"mounting {root}")
     for args, target in plan:
         target.mkdir(parents=True, exist_ok=True)
-        if _is_mount(target):
+        if _is_mount(target) and _same_dir(args[-1], target):
             continue
+        if _is_mount(target):  # a bind of a directory since deleted and made anew
+            subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
+            target.mkdir(parents=True, exist_ok=True)
         _run(["mount", *args, str(target)], f"mounting {target}")
         if "--rbind" in args:  # nothing unmounted inside may reach the host's /dev, /sys
             _run(["mount", "--make-rslave", str(target)], f"mounting {target}")
+
+
+def _same_dir(source: str, target: Path) -> bool:
+    """A bind mount still shows ``source`` (not a deleted directory of that name);
+    non-path sources (proc) always count as the same."""
+    if not source.startswith("/"):
+        return True
+    try:
+        a, b = os.stat(source), os.stat(target)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def umount(root: Path) -> None:
