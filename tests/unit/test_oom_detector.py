@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -221,12 +222,27 @@ def _check_user_rights(top) -> None:
     assert os.geteuid() == 0 and os.getegid() == 0  # root restored
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
 def test_unreadable_file(tmp_path) -> None:
-    p = write(tmp_path, "o", GPU_LINE)
-    os.chmod(p, 0)
-    r = scan_file(p)
-    assert r.status == "unreadable"
+    """A mode-0 log is unreadable: as root, read as the file's unprivileged owner."""
+    import shutil
+    import tempfile
+
+    top = tmp_path
+    if os.geteuid() == 0:  # root reads everything: scan as nobody, in a dir nobody can enter
+        top = Path(tempfile.mkdtemp(dir="/tmp"))
+        os.chmod(top, 0o755)
+    try:
+        p = write(top, "o", GPU_LINE)
+        os.chmod(p, 0)
+        if os.geteuid() == 0:
+            os.chown(p, 65534, 65534)
+            r = scan_file(p, uid=65534, gid=65534)
+        else:
+            r = scan_file(p)
+        assert r.status == "unreadable"
+    finally:
+        if top != tmp_path:
+            shutil.rmtree(top)
 
 
 def test_scan_files_picks_highest_cause_and_skips_dupes(tmp_path) -> None:
