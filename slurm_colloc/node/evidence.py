@@ -16,15 +16,25 @@ The rules (issue 11, M1), for code that runs as root on a path the user chose:
 * **Bounded by root.** Root reads at most ``max_bytes`` (the tail) from that
   descriptor, whatever the file's size says or however it grows, and writes the copy
   itself. The user's process never writes into the evidence tree.
-* **Private, and not the user's to fill.** The attempt directory belongs to root
-  (``0750``, group = the user's primary group) so the user cannot add to root's disk
-  use; each copy is root's too, group = the user's primary group, mode ``0640``: the
-  user reads it but cannot grow it, rewrite it or keep it alive with a hard link
-  (a user-owned copy allowed all three: found by the issue 11 review).
+* **Private, and not the user's to fill.** The attempt directory and each copy belong
+  to root (``root:root``, ``0700``/``0600``), so the user can neither grow, rewrite nor
+  keep a copy alive with a hard link (a user-owned copy allowed all three: issue 11
+  review). The job's owner reads them through one ACL entry, ``user:<uid>:r``
+  (:mod:`slurm_colloc.owner_read`); nobody else does. The user's primary group got
+  them before, which leaked the evidence to every user of a shared group (issue 23).
+* **Sparse stays sparse.** A run of zeros of a 4 KiB block (a hole in the user's log,
+  which costs the user nothing) is skipped in root's copy too, never written as real
+  zeros: root's copy uses about as many blocks as the copied range of the user's log
+  (issue 23: 64 MiB sparse logs made root write 64 MiB real copies).
+* **Owned by the job's owner, in root's own record.** :data:`OWNER_RECORD` in each
+  attempt directory (root 0600 JSON, written with the copies) names the job's owner
+  from slurmd's ``SLURM_JOB_UID``. The copies are root's, so their owner names nobody;
+  the per-user cap used to read it and never applied (issue 23).
 * **Pruned.** Each :func:`keep` deletes evidence older than :data:`RETENTION_S` and
-  then the user's oldest attempts beyond :data:`MAX_BYTES_PER_USER`. Pruning never
-  follows a symlink (``lstat`` only; ``shutil.rmtree`` is fd-based on Linux), so the
-  user-owned attempt directories of older releases are safe to clean too.
+  then the user's oldest attempts beyond :data:`MAX_BYTES_PER_USER` (the bytes the
+  copies really use). Pruning never follows a symlink (``lstat`` only;
+  ``shutil.rmtree`` is fd-based on Linux), so the user-owned attempt directories of
+  older releases are safe to clean too (they are counted by their owner).
 
 ``config.py`` has no evidence retention keys yet; the two limits are module constants.
 
@@ -47,6 +57,7 @@ root's copy remains the record's evidence.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -58,6 +69,7 @@ from pathlib import Path
 from slurm_colloc.mps.tenancy import ensure_root_dir
 from slurm_colloc.node.as_user import AsUserError, credentials, run_as_user
 from slurm_colloc.oom.safe_open import RefusedPath, open_log
+from slurm_colloc.owner_read import grant_owner_read
 
 RETENTION_S = 14 * 86400
 """Evidence older than this (by the attempt directory's mtime) is deleted."""
@@ -74,7 +86,12 @@ USER_COPY_MAX_SUFFIX = 9
 """``-1`` .. ``-N`` are tried when the user's copy's name is taken."""
 USER_COPY_MAX_PATH = 512
 """A longer user path is not put in the accounting record (root's copy is)."""
+OWNER_RECORD = "colloc-owner.json"
+"""Root's record of an attempt's owner (``{"uid": N, "job": J, "attempt": K}``)."""
+_OWNER_RECORD_MAX = 4096
 _CHUNK = 1 << 20
+_BLOCK = 4096
+"""Holes are kept at this granularity (a file system block)."""
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -95,42 +112,95 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _write_sparse(fd: int, data: bytes, offset: int) -> int:
+    """Write ``data`` at ``offset`` of ``fd``, leaving blocks of zeros as holes; the
+    real bytes written.
+
+    Pieces are cut at multiples of :data:`_BLOCK` of the output offset, so a piece of
+    zeros is a whole output block that is simply never allocated.
+    """
+    written, pos, end = 0, 0, len(data)
+    run_start = -1
+    while pos < end:
+        nxt = min(end, (offset + pos) // _BLOCK * _BLOCK + _BLOCK - offset)
+        zero = data.count(0, pos, nxt) == nxt - pos
+        if not zero and run_start < 0:
+            run_start = pos
+        if zero and run_start >= 0:
+            written += _pwrite_all(fd, data[run_start:pos], offset + run_start)
+            run_start = -1
+        pos = nxt
+    if run_start >= 0:
+        written += _pwrite_all(fd, data[run_start:end], offset + run_start)
+    return written
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> int:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+    return len(data)
+
+
 def copy_tail_fd(src_fd: int, out_fd: int, max_bytes: int, *, size: int | None = None) -> int:
     """Copy the last ``max_bytes`` of ``src_fd`` to ``out_fd``; return the bytes copied.
 
     ``size`` is the source's size (``fstat`` when None). At most ``max_bytes`` are read,
     even when the file is longer than its size said (it grows, or a /proc-style file).
+    Zeros filling an output block are left as a hole (:func:`_write_sparse`): the
+    copy's content is the same, its disk use no more than the source's real data.
+    ``out_fd`` is written from its current offset on and left at the end of the copy.
     """
     if size is None:
         size = os.fstat(src_fd).st_size
     start = max(0, size - max_bytes)
     if start:
         _write_all(out_fd, f"[colloc: first {start} bytes omitted]\n".encode())
+    out = os.lseek(out_fd, 0, os.SEEK_CUR)
     pos, left = start, max(0, max_bytes)
     while left > 0:
         chunk = os.pread(src_fd, min(_CHUNK, left), pos)
         if not chunk:
             break
-        _write_all(out_fd, chunk)
+        _write_sparse(out_fd, chunk, out + pos - start)
         pos += len(chunk)
         left -= len(chunk)
+    end = out + pos - start
+    if os.fstat(out_fd).st_size < end:
+        os.ftruncate(out_fd, end)  # a trailing hole still counts in the size
+    os.lseek(out_fd, end, os.SEEK_SET)
     return pos - start
 
 
-def _copy_one(src: str, target: Path, uid: int, gid: int, max_bytes: int) -> None:
+def _copy_one(src: str, target: Path, uid: int, gid: int, max_bytes: int) -> bool:
+    """Copy one log (opened as the user) into root's ``target``; True when the owner
+    can read the copy (False: root-only, no ACLs on this file system)."""
     fd = open_log(src, uid=uid, gid=gid)  # as the user; regular file of theirs only
     try:
         out = os.open(
             target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         try:
-            # root:gid 0640: the user reads the evidence but can neither grow it on
-            # root's file system, nor rewrite it, nor keep it alive by a hard link
-            os.fchown(out, os.geteuid(), gid)
-            os.fchmod(out, 0o640)
+            # root's, readable by the job's owner only: the user can neither grow it
+            # on root's file system, nor rewrite it, nor keep it alive by a hard link,
+            # and no other member of their group reads it
+            granted = grant_owner_read(out, uid)
             copy_tail_fd(fd, out, max_bytes)
         finally:
             os.close(out)
+    finally:
+        os.close(fd)
+    return granted
+
+
+def _write_owner_record(dest: Path, job_id: int, attempt: int, uid: int) -> None:
+    """Root's record of whose attempt this is (the per-user cap counts by it)."""
+    fd = os.open(dest / OWNER_RECORD,
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        _write_all(fd, json.dumps({"uid": uid, "job": job_id, "attempt": attempt}).encode())
     finally:
         os.close(fd)
 
@@ -151,14 +221,18 @@ def keep(
     if dest.exists() or dest.is_symlink():
         raise FileExistsError(f"{dest} already exists; not overwriting earlier evidence")
     os.mkdir(dest, 0o700)
-    os.chown(dest, 0, gid, follow_symlinks=False)
-    # the user (primary group) may list and read; only root writes
-    os.chmod(dest, 0o750, follow_symlinks=False)  # noqa: S103
+    dfd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        # root's; the job's owner may list and read it, nobody else; only root writes
+        granted = grant_owner_read(dfd, uid)
+    finally:
+        os.close(dfd)
+    _write_owner_record(dest, job_id, attempt, uid)
     written = []
     for i, src in enumerate(dict.fromkeys(sources)):
         target = dest / _target_name(i, src)
         try:
-            _copy_one(src, target, uid, gid, max_bytes)
+            granted = _copy_one(src, target, uid, gid, max_bytes) and granted
         except (RefusedPath, OSError) as e:
             with contextlib.suppress(OSError):
                 os.unlink(target)
@@ -167,8 +241,9 @@ def keep(
             continue
         written.append(str(target))
     if not written:
-        with contextlib.suppress(OSError):
-            os.rmdir(dest)
+        _remove(dest, keep_job_dir=True)
+    elif not granted and errors is not None:
+        errors.append(f"{dest}: no ACLs on this file system: root's copy is root-only")
     try:
         prune(evidence_dir, uid=uid, keep=dest)
     except OSError as e:
@@ -320,14 +395,53 @@ class _Attempt:
     size: int
 
 
+def _recorded_owner(path: Path) -> int | None:
+    """The uid in root's :data:`OWNER_RECORD` of an attempt, or None.
+
+    Believed only when it is a regular file of root's (an old, user-owned attempt
+    directory could hold a forged one), read bounded, never through a symlink.
+    """
+    try:
+        fd = os.open(path / OWNER_RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        data = os.read(fd, _OWNER_RECORD_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        uid = json.loads(data).get("uid")
+    except (ValueError, AttributeError):
+        return None
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0 else None
+
+
+def _disk_bytes(st: os.stat_result) -> int:
+    """What a file really costs: its size, or its blocks when fewer (sparse)."""
+    return min(st.st_size, st.st_blocks * 512)
+
+
 def _scan_attempt(path: Path) -> _Attempt | None:
+    """An attempt directory's owner, age and real size.
+
+    The owner is root's :data:`OWNER_RECORD`; an attempt of an older release has
+    none: its user-owned directory or files then name the owner (those layouts were
+    the user's). Without either the attempt counts for nobody (uid 0) and goes by age.
+    """
     try:
         st = os.lstat(path)
     except OSError:
         return None
     if not stat.S_ISDIR(st.st_mode):
         return None
-    owner, size = (st.st_uid if st.st_uid != 0 else None), 0
+    owner = _recorded_owner(path) if st.st_uid == os.geteuid() else st.st_uid
+    size = 0
     try:
         with os.scandir(path) as it:
             for n, entry in enumerate(it):
@@ -338,30 +452,34 @@ def _scan_attempt(path: Path) -> _Attempt | None:
                 except OSError:
                     continue
                 if stat.S_ISREG(est.st_mode):
-                    size += est.st_blocks * 512 if est.st_blocks else est.st_size
-                    if owner is None:
+                    size += _disk_bytes(est)
+                    if owner is None and est.st_uid != 0:
                         owner = est.st_uid
     except OSError:
         pass
     return _Attempt(path, st.st_mtime, owner if owner is not None else 0, size)
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path, *, keep_job_dir: bool = False) -> None:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)  # fd-based on Linux: never follows a symlink inside
-    with contextlib.suppress(OSError):
-        os.rmdir(path.parent)  # the job directory, once empty
+    if not keep_job_dir:
+        with contextlib.suppress(OSError):
+            os.rmdir(path.parent)  # the job directory, once empty
 
 
 def prune(
     evidence_dir: str, *, uid: int, now: float | None = None,
-    max_age_s: float = RETENTION_S, max_bytes_per_user: int = MAX_BYTES_PER_USER,
+    max_age_s: float = RETENTION_S, max_bytes_per_user: int | None = None,
     keep: Path | None = None,
 ) -> list[str]:
     """Delete evidence older than ``max_age_s``, then ``uid``'s oldest attempts until
-    their total fits ``max_bytes_per_user``. ``keep`` (the attempt just written) is
-    never deleted. Returns the attempt directories removed."""
+    their total fits ``max_bytes_per_user`` (default :data:`MAX_BYTES_PER_USER`).
+    ``keep`` (the attempt just written) is never deleted. Returns the attempt
+    directories removed."""
     now = time.time() if now is None else now
+    if max_bytes_per_user is None:
+        max_bytes_per_user = MAX_BYTES_PER_USER
     root = Path(evidence_dir)
     attempts: list[_Attempt] = []
     try:

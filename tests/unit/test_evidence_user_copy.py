@@ -325,7 +325,8 @@ def test_epilog_leaves_the_users_copy_and_records_it(top, monkeypatch) -> None:
         _u1().pw_uid, _u1().pw_gid, 0o600)
     text = copy.read_text()
     assert "job: 77  attempt: 0  node: n1" in text and text.rstrip().endswith(GPU_LINE)
-    root_copies = sorted((evdir / "77" / "attempt0").iterdir())
+    root_copies = sorted(p for p in (evdir / "77" / "attempt0").iterdir()
+                         if p.name != evidence.OWNER_RECORD)
     assert [str(p) for p in root_copies] == r.evidence_files[1:]
     assert len(spooled) == 1
     rec = decode(spooled[0])
