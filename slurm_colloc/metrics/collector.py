@@ -49,6 +49,8 @@ PRUNE_EVERY_S = 3600.0
 SLUID_RESCAN_S = 5.0
 """An unknown SLUID (26.05 job cgroup) rereads the changed metas at most this often: a
 job with no meta here (no GPU given by Slurm) must not make every step rescan."""
+OWNER_TTL_S = 60.0
+"""A job's owner read from its meta is re-read after this long (never cached unknown)."""
 
 log = logging.getLogger("colloc.metrics.collector")
 
@@ -80,7 +82,7 @@ class Collector:
             uid_of_job=self._uid_of_job, job_of_sluid=self._job_of_sluid)
         self.open: dict[Key, _Open] = {}
         self._energy: dict[int, tuple[float, float | None]] = {}
-        self._uids: dict[str, int | None] = {}
+        self._uids: dict[str, tuple[int, float]] = {}  # job -> (owner, when read)
         self._unattributed: set[int] = set()
         self._tenancy_cache: dict[tuple[int, int], list[int]] = {}
         self.last_job_seen = clock()
@@ -108,17 +110,31 @@ class Collector:
         return self._slurm_of.get(backend_index, backend_index)
 
     def _uid_of_job(self, job: str) -> int | None:
-        if job not in self._uids:
-            uid = None
-            for a in reversed(store.attempts_on_node(self.metrics_dir, job)):
-                meta = store.read_meta(self.metrics_dir, job, a)
-                if meta is not None:
-                    uid = meta.uid
-                    break
-            if len(self._uids) > 4096:
-                self._uids.clear()
-            self._uids[job] = uid
-        return self._uids[job]
+        """The job's owner as the prolog recorded it (root's meta), None when unknown.
+
+        Only known owners are cached, and only for :data:`OWNER_TTL_S`: an id with no
+        meta yet may be a job that has not started here. A user who claims another
+        user's next job ids (``SLURM_JOB_ID=<future id>``) before they exist once
+        made root remember "no owner" for good; the owner's own processes then failed
+        the check and were all charged to its newest job, which root killed (issue 23).
+        """
+        now = self.clock()
+        hit = self._uids.get(job)
+        if hit is not None and 0 <= now - hit[1] < OWNER_TTL_S:
+            return hit[0]
+        uid = None
+        for a in reversed(store.attempts_on_node(self.metrics_dir, job)):
+            meta = store.read_meta(self.metrics_dir, job, a)
+            if meta is not None:
+                uid = meta.uid
+                break
+        if uid is None:
+            self._uids.pop(job, None)
+            return None
+        if len(self._uids) > 4096:
+            self._uids.clear()
+        self._uids[job] = (uid, now)
+        return uid
 
     def _job_of_sluid(self, sluid: str) -> str | None:
         """The job the prolog recorded with this SLUID (root's metas; rescans on a miss)."""

@@ -32,8 +32,8 @@ process belongs to the job's uid, and never to root's processes.
 Verdicts: ``metrics_dir/verdicts/<job>-<attempt>.json``, directory 0700 and files
 0600 owned by the collector's user (root), written by ``O_EXCL|O_NOFOLLOW`` temp file
 and atomic rename; read back only if regular, ours, and within a size bound. The
-epilog calls :func:`culprits_on_gpu` (blame a victim's OOM on a co-tenant) and
-:func:`verdict_for`.
+epilog calls :func:`culprits_on_gpu` (blame a victim's OOM on a co-tenant found over
+its limit: a job only outside MPS is flagged, never blamed) and :func:`verdict_for`.
 """
 
 from __future__ import annotations
@@ -245,24 +245,27 @@ def culprits_on_gpu(
     cfg: CollocConfig, gpu: int, since: float, exclude_job: int | str | None = None,
     *, wait_s: float = 0.0,
 ) -> list[Verdict]:
-    """Co-tenants of ``gpu`` found over their limit or outside MPS at or after ``since``.
+    """Co-tenants of ``gpu`` found over their limit at or after ``since``.
 
     For the epilog of a job that died of GPU OOM: ``since`` = the victim attempt's
     start (its meta), ``exclude_job`` = the victim. Non-empty: the OOM is attributed
-    to these jobs (over_limit first, then by peak), and the victim deserves a requeue
-    with the same request. ``wait_s`` polls that long for a verdict still being
-    reached (the collector needs up to :func:`detection_window_s`); it returns as soon
-    as one is found.
+    to these jobs (by peak), and the victim deserves a requeue with the same request.
+    A job only seen outside MPS while within its allocation took nobody's memory and
+    is no culprit: blaming it requeued a victim's genuine OOM with the same request
+    until its requeues ran out (issue 23). ``wait_s`` polls that long for a verdict
+    still being reached (the collector needs up to :func:`detection_window_s`); it
+    returns as soon as one is found.
     """
     deadline = time.monotonic() + max(0.0, wait_s)
     excl = None if exclude_job is None else str(exclude_job)
     while True:
         found = [
             v for v in read_verdicts(cfg.metrics_dir)
-            if v.gpu == int(gpu) and v.last_seen >= since and v.job_id != excl
+            if v.kind == OVER_LIMIT and v.gpu == int(gpu) and v.last_seen >= since
+            and v.job_id != excl
         ]
         if found or time.monotonic() >= deadline:
-            found.sort(key=lambda v: (v.kind != OVER_LIMIT, -v.peak_mib, v.job_id))
+            found.sort(key=lambda v: (-v.peak_mib, v.job_id))
             return found
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
@@ -345,8 +348,8 @@ Entry = tuple[GpuProcess, int, JobTag]
 
 @dataclass
 class _JobMetaCache:
-    meta: store.JobMeta | None
-    """None: no prolog record (yet); asked again after :data:`META_TTL_S`."""
+    meta: store.JobMeta
+    """Only found records are cached: a job with none is asked again each sample."""
     read_at: float
 
 
@@ -394,15 +397,24 @@ class Enforcer:
             self._written.clear()
 
     def _meta_of(self, job: str, fresh: bool = False) -> store.JobMeta | None:
+        """The job's newest meta on this node; a missing one is asked again next time.
+
+        A job seen before its meta exists (the prolog has not written it yet) must be
+        held to its limit from the first sample after it appears, not after a cached
+        "no record" expires (issue 23: no negative caching of what root has not seen).
+        """
         now = self.clock()
         hit = self._meta.get(job)
-        if hit is not None and not fresh and now - hit.read_at < META_TTL_S:
+        if hit is not None and not fresh and 0 <= now - hit.read_at < META_TTL_S:
             return hit.meta
         found = None
         for a in reversed(store.attempts_on_node(self.cfg.metrics_dir, job)):
             found = store.read_meta(self.cfg.metrics_dir, job, a)
             if found is not None:
                 break
+        if found is None:
+            self._meta.pop(job, None)
+            return None
         self._meta[job] = _JobMetaCache(found, now)
         return found
 

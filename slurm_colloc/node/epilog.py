@@ -316,7 +316,8 @@ def _keep_user_copy(ctx: JobContext, result: EpilogResult, readable: list[str], 
 
 
 def _culprit(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -> str | None:
-    """A co-tenant the collector caught over its allocation (or outside MPS) on this GPU.
+    """A co-tenant the collector caught over its allocation on this GPU (not one only
+    outside MPS: that took nobody's memory, issue 23).
 
     Issue 11, H2: without a hard cap a job can drop its MPS limit; its neighbours then
     run out of memory. The collector's root-owned verdicts say who it was.

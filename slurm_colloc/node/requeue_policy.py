@@ -88,8 +88,9 @@ def decide(
     ``colloc_placed`` False (see :func:`colloc_placed`): never requeued, whatever the
     cause.
 
-    ``culprit``: the collector saw a co-tenant over its allocation or outside MPS on
-    this GPU during the attempt (:func:`culprit_reason` text). A shared job's GPU OOM is
+    ``culprit``: the collector saw a co-tenant over its allocation on this GPU during
+    the attempt (:func:`culprit_reason` text; a co-tenant only outside MPS, within its
+    allocation, is never one: :func:`slurm_colloc.metrics.enforce.culprits_on_gpu`). A shared job's GPU OOM is
     then the co-tenant's doing: the victim is requeued with the same request, not
     moved to a whole GPU (that would reward the offender with the GPU it took).
     """
