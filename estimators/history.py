@@ -35,17 +35,26 @@ whole GPUs for good). Therefore:
   owner that anyone could have poisoned: they are left in the file untouched and
   never read; new rows go to table ``peaks_v2``.
 * **Readers never hold the writer's file.** Root writes a private database
-  (``<history_db>.rw``, 0600) and after each write publishes a snapshot at
-  ``history_db`` (0644, atomic rename) that users read. Before, any user could hold a
-  read lock on the one shared file (``BEGIN; SELECT ...`` left open, or a POSIX lock
-  on sqlite's lock bytes) and make every epilog's write fail with "database is
-  locked" (issue 11 review). A snapshot a reader keeps open is simply an old inode.
+  (``<history_db>.rw``, 0600) and after each write publishes snapshots (atomic
+  rename). Before, any user could hold a read lock on the one shared file
+  (``BEGIN; SELECT ...`` left open, or a POSIX lock on sqlite's lock bytes) and make
+  every epilog's write fail with "database is locked" (issue 11 review). A snapshot a
+  reader keeps open is simply an old inode.
+* **Each user reads only their own rows** (issue 23). The full snapshot at
+  ``history_db`` is root's (0600): it listed every user's uid, fingerprints, batch
+  sizes and job ids to anyone. Each user gets ``<history_db>.users/<uid>.sqlite``
+  with their rows only, ``root:root 0600`` plus one ACL entry ``user:<uid>:r``
+  (:mod:`slurm_colloc.owner_read`): no other user, nor the user's group, reads it,
+  and the user cannot grow it on root's disk. The directory is ``0711`` (who has
+  history is not listed). On a file system without ACLs the user's snapshot stays
+  root-only: that user's ``colloc estimate`` then runs without history. A reader
+  that is not root reads its own snapshot; root reads the full one.
 * **File trust.** The database is written by root and read by users at sbatch time.
   A reader uses it only when the file and its directory are owned by root or the
   reader and are writable by nobody else (group/other write bits clear), and opens it
   read-only; anything else is treated as no history. The writer refuses
   (:class:`HistoryUnsafe`) a symlink, or a file or directory others could write, and
-  creates the file ``0644``.
+  creates the file ``0600``.
 """
 
 from __future__ import annotations
@@ -136,9 +145,10 @@ class SqliteHistory:
         """The file and its directory are root's (or the reader's) and nobody else can
         write them: otherwise another user could have put rows in it."""
         owners = {0, os.geteuid()}
+        path = self.read_path()
         try:
-            st = os.stat(self.path)
-            dst = os.stat(self.path.parent)
+            st = os.stat(path)
+            dst = os.stat(path.parent)
         except OSError:
             return False
         return (stat.S_ISREG(st.st_mode) and _safe_owner_and_mode(st, owners)
@@ -156,8 +166,8 @@ class SqliteHistory:
             st = os.lstat(self.path)
         except FileNotFoundError:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o644)
-            os.fchmod(fd, 0o644)  # whatever the umask: users must be able to read it
+                         | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, 0o600)  # every user's rows: root's only (issue 23)
             os.close(fd)
             return
         if not stat.S_ISREG(st.st_mode):
@@ -174,7 +184,7 @@ class SqliteHistory:
         if not self._trusted_for_reading():
             return []
         try:
-            con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=2.0)
+            con = sqlite3.connect(f"file:{self.read_path()}?mode=ro", uri=True, timeout=2.0)
         except sqlite3.Error:
             return []
         try:
@@ -244,9 +254,18 @@ class SqliteHistory:
                     (owner, fingerprint.lower(), batch_size, seq_len or 0, optimizer, precision,
                      int(peak_mib), job_id, attempt, job_id, attempt, fp_source, time.time()),
                 )
-            self._publish(con)
+            self._publish(con, owner)
         finally:
             con.close()
+
+    def user_snapshot_path(self, uid: int | None = None) -> Path:
+        """The snapshot of one user's rows (default: this store's uid)."""
+        return self.path.with_name(self.path.name + ".users") / (
+            f"{self.uid if uid is None else int(uid)}.sqlite")
+
+    def read_path(self) -> Path:
+        """What this reader opens: root the full snapshot, a user their own."""
+        return self.path if os.geteuid() == 0 else self.user_snapshot_path()
 
     @property
     def private_path(self) -> Path:
@@ -276,18 +295,65 @@ class SqliteHistory:
             raise HistoryUnsafe(f"history db {rw} is not root's private regular file")
         return rw
 
-    def _publish(self, con: sqlite3.Connection) -> None:
-        """Atomically replace the readers' snapshot (0644) with the current database."""
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-        os.fchmod(fd, 0o644)
-        os.close(fd)
+    def _publish(self, con: sqlite3.Connection, uid: int) -> None:
+        """Atomically replace root's full snapshot (0600) and ``uid``'s own snapshot.
+
+        The first time (no per-user directory yet: a new node, or an older release's
+        single public snapshot) every user's snapshot is published.
+        """
+        tmp = self._new_tmp(self.path.parent, f"{self.path.name}.{os.getpid()}.tmp")
         out = sqlite3.connect(f"file:{tmp}?mode=rw", uri=True)
         try:
             con.backup(out)
         finally:
             out.close()
         os.replace(tmp, self.path)
+        users = self.user_snapshot_path(uid).parent
+        first = not os.path.lexists(users)
+        if first:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(users, 0o711)
+        ust = os.lstat(users)
+        if (not stat.S_ISDIR(ust.st_mode) or ust.st_uid != os.geteuid()
+                or ust.st_mode & _WRITE_BITS):
+            raise HistoryUnsafe(f"{users} is not root's directory")
+        os.chmod(users, 0o711)  # noqa: S103 - traversable, not listable
+        uids = ([int(r[0]) for r in con.execute("SELECT DISTINCT uid FROM peaks_v2")]
+                if first else [uid])
+        for u in uids:
+            self._publish_user(con, u)
+
+    def _publish_user(self, con: sqlite3.Connection, uid: int) -> None:
+        """``uid``'s rows only, readable by ``uid`` and root (an ACL entry)."""
+        from slurm_colloc.owner_read import grant_owner_read
+
+        final = self.user_snapshot_path(uid)
+        tmp = self._new_tmp(final.parent, f"{final.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            grant_owner_read(fd, uid)
+        finally:
+            os.close(fd)
+        out = sqlite3.connect(f"file:{tmp}?mode=rw", uri=True)
+        try:
+            with out:
+                out.execute(_SCHEMA)
+                out.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                # the same table (_SCHEMA) on both sides: the columns line up
+                out.executemany("INSERT INTO peaks_v2 VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                con.execute("SELECT * FROM peaks_v2 WHERE uid=?", (uid,)))
+        finally:
+            out.close()
+        os.replace(tmp, final)
+
+    @staticmethod
+    def _new_tmp(directory: Path, name: str) -> Path:
+        """A new root-only file in root's ``directory`` (never through a link)."""
+        tmp = directory / name
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        os.fchmod(fd, 0o600)
+        os.close(fd)
+        return tmp
