@@ -42,6 +42,8 @@ _CG_V2 = re.compile(
 _CG_V1 = re.compile(rb"^\d+:[\w,=]*:/slurm(?:_[\w.-]+)?/uid_(\d{1,10})/job_(\d{1,12})(?:/|$)")
 
 
+_JOB_ID = re.compile(r"[0-9]{1,12}")
+
 JobOfSluid = Callable[[str], str | None]
 """SLUID -> job id as root's metas record it (None: no prolog here recorded it)."""
 
@@ -60,7 +62,7 @@ def slurm_cgroup_job(
             return m.group(1).decode()
         if m:
             job = job_of_sluid(m.group(2).decode()) if job_of_sluid is not None else None
-            if job is not None and job.isdigit() and len(job) <= 12:
+            if job is not None and _JOB_ID.fullmatch(job):
                 return job
             continue
         m1 = _CG_V1.match(line)
@@ -91,6 +93,26 @@ def _env_value(environ: bytes, key: bytes) -> str | None:
     return None
 
 
+MAX_ATTEMPT = 9999
+"""Attempts beyond this are not Slurm's (its restart counter is far smaller) and have
+no file name in the store (``series-<n>.tsv``, at most four digits)."""
+_ATTEMPT = re.compile(r"[0-9]{1,4}")
+
+
+def restart_count(value: str | None) -> int:
+    """``SLURM_RESTART_COUNT`` as an attempt number; 0 unless it is 1-4 ASCII digits.
+
+    The value is the job owner's to set. It is checked by shape before ``int()``:
+    5,000 digits made ``int()`` raise past Python's digit limit and killed the root
+    collector for the whole node; 300 digits made a file name too long for the store.
+    A malformed count is taken as attempt 0 (the process stays attributed to its job,
+    whose owner is verified separately).
+    """
+    if value is None or not _ATTEMPT.fullmatch(value):
+        return 0
+    return int(value)
+
+
 def tag_of(
     pid: int, proc: str = "/proc", job_of_sluid: JobOfSluid | None = None
 ) -> JobTag | None:
@@ -100,14 +122,13 @@ def tag_of(
     except OSError:
         return None
     environ = _read(f"{proc}/{pid}/environ", MAX_ENVIRON) or b""
-    restarts = _env_value(environ, b"SLURM_RESTART_COUNT")
-    attempt = int(restarts) if restarts and restarts.isdigit() else 0
+    attempt = restart_count(_env_value(environ, b"SLURM_RESTART_COUNT"))
     cg = _read(f"{proc}/{pid}/cgroup", MAX_CGROUP) or b""
     cg_job = slurm_cgroup_job(cg, uid, job_of_sluid)
     if cg_job:
         return JobTag(cg_job, attempt, "cgroup", uid)
     job = _env_value(environ, b"SLURM_JOB_ID")
-    if job and job.isdigit() and len(job) <= 12:
+    if job and _JOB_ID.fullmatch(job):
         return JobTag(job, attempt, "environ", uid)
     return None
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
 import os
 import signal
@@ -36,13 +35,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
+from slurm_colloc import procfs
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuSample
-from slurm_colloc.metrics import enforce, store
+from slurm_colloc.metrics import enforce, liveness, store
 from slurm_colloc.metrics.attribution import Attributor, JobTag, start_ticks
+from slurm_colloc.metrics.guard import Failures
+from slurm_colloc.mps.control import STATE_FILE, DaemonIdentity
 from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.node.mps_protocol import V3_DIR
 
-PID_FILE = store.PID_FILE
 GONE_AFTER_S = 5.0
 """A job not seen on any GPU for this long has its pending rows flushed, file closed."""
 PRUNE_EVERY_S = 3600.0
@@ -84,9 +86,11 @@ class Collector:
         self._energy: dict[int, tuple[float, float | None]] = {}
         self._uids: dict[str, tuple[int, float]] = {}  # job -> (owner, when read)
         self._unattributed: set[int] = set()
+        self._servers_seen: set[tuple[int, int]] = set()  # (pid, ticks) logged as servers
         self._tenancy_cache: dict[tuple[int, int], list[int]] = {}
         self.last_job_seen = clock()
         self.enforcer = enforcer or enforce.Enforcer(cfg, clock=clock)
+        self.failures = Failures(log)
         self._slurm_of: dict[int, int] | None = None
 
     def _slurm_index(self, backend_index: int) -> int:
@@ -171,6 +175,58 @@ class Collector:
         attempts = store.attempts_on_node(self.metrics_dir, job)
         return ticks, JobTag(job, attempts[-1] if attempts else 0, "tenancy", tag.uid)
 
+    def _daemons_for(self, gpu: int, owner: int) -> list[DaemonIdentity]:
+        """The control daemons whose children may be MPS servers on ``gpu`` for ``owner``.
+
+        Root's own records only (``daemon.json``, root 0600, learnt while the pipe
+        directory was root's): the legacy daemon of (GPU, owner), and the node's v3
+        daemon (its servers run as root, one per GPU).
+        """
+        root = Path(self.cfg.mps_root)
+        paths = [root / V3_DIR / "state" / STATE_FILE]
+        if owner != 0:
+            paths.insert(0, Tenancy(root).daemon_state(gpu, owner))
+        return [d for d in map(DaemonIdentity.load, paths) if d is not None]
+
+    def _mps_server(self, pid: int, gpu: int) -> bool:
+        """``pid`` is an MPS server that root's verified control daemon runs.
+
+        On hardware the legacy server runs as its user outside every job's cgroup, and
+        NVML lists it as a compute process but not as an MPS client: taken for one of
+        the user's processes it was charged to the user's newest job as "outside MPS"
+        (an ``outside_mps`` verdict on every shard job, and ``enforce_outside_mps=kill``
+        killed the server; issue 23). A server is recognised only as a child of the
+        daemon root started and recorded (pid, start time, owner, program and pipe
+        directory checked in /proc), started after it, owned by the daemon's user
+        (root for v3), and running the daemon's program or ``nvidia-cuda-mps-server``
+        beside it. A user cannot make a process of theirs a child of root's daemon, so
+        nothing here is the user's to claim. It is charged to no job and never
+        counts as outside MPS; it is logged once.
+        """
+        try:
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            return False
+        ticks = start_ticks(pid)
+        ppid = procfs.parent(pid)
+        if ticks is None or ppid is None:
+            return False
+        for daemon in self._daemons_for(gpu, owner):
+            if daemon.pid != ppid or ticks < daemon.start_ticks or not daemon.matches():
+                continue
+            if not _same_program(pid, daemon.pid):
+                continue
+            if start_ticks(pid) != ticks or procfs.parent(pid) != ppid:
+                return False  # gone or replaced while we looked
+            if (pid, ticks) not in self._servers_seen:
+                if len(self._servers_seen) > 4096:
+                    self._servers_seen.clear()
+                self._servers_seen.add((pid, ticks))
+                log.info("GPU %d: process %d of uid %d is the MPS server of daemon %d: "
+                         "charged to no job", gpu, pid, owner, daemon.pid)
+            return True
+        return False
+
     def _by_tenancy(self, pid: int, gpu: int) -> tuple[int, JobTag] | None:
         """A GPU process no job claims (or that claims a job it does not own).
 
@@ -211,56 +267,95 @@ class Collector:
         return 0.0
 
     def step(self) -> dict[Key, int]:
-        """Sample once; returns the memory (MiB) seen per (job, attempt)."""
+        """Sample once; returns the memory (MiB) seen per (job, attempt).
+
+        Only the backend's own failure (:class:`GpuBackendError`, no sample at all)
+        leaves here. Everything after it is isolated: an exception for one process
+        skips that process, one for a GPU that GPU, one for a job's series that
+        series; each is logged (rate limited, :class:`~.guard.Failures`) and the rest
+        of the sample, enforcement included, goes on. A process's environment and
+        files are its owner's: no value there may end the loop for the node.
+        """
         now = self.clock()
         seen: dict[Key, int] = {}
         pids: set[int] = set()
         enforcing = self.enforcer.active
         self._tenancy_cache.clear()
         if enforcing:
-            self.enforcer.begin_step()
+            self._guarded("enforcement (start of step)", self.enforcer.begin_step)
         for s in self.backend.sample_all():
-            denergy = self._energy_delta(s)
-            gpu = self._slurm_index(s.index)
-            per_job: dict[Key, int] = {}
-            entries: list[enforce.Entry] = []
-            for p in s.processes:
-                pids.add(p.pid)
-                ident = self.attributor.identity(p.pid) or self._by_tenancy(p.pid, gpu)
-                if ident is None:
-                    continue
-                ident = self._held_to_mps_job(ident, gpu)
-                tag = ident[1]
-                entries.append((p, ident[0], tag))
-                k = (tag.job_id, tag.attempt)
-                per_job[k] = per_job.get(k, 0) + p.used_mib
-            if enforcing and entries:
-                try:
-                    self.enforcer.observe(gpu, entries)
-                except OSError as e:  # the verdict store; metrics go on regardless
-                    log.warning("enforcement on GPU %d: %s", gpu, e)
-            total = sum(per_job.values())
-            for k, mem in per_job.items():
-                share = mem / total if total else 1.0 / len(per_job)
-                tenants = tuple(sorted({j for j, _ in per_job if j != k[0]}, key=store._job_key))
-                row = store.Row(
-                    t=now, gpu=gpu, mem_mib=float(mem), mem_max_mib=mem,
-                    gpu_mem_mib=s.memory_used_mib, util_pct=s.utilization_pct,
-                    sm_pct=s.sm_activity_pct, occ_pct=s.sm_occupancy_pct,
-                    dram_pct=s.dram_activity_pct, power_w=s.power_w,
-                    energy_j=denergy * share, tenants=tenants,
-                )
-                self._add(k, row, now)
-                seen[k] = seen.get(k, 0) + mem
-        self.attributor.forget_missing(pids)
+            try:
+                self._step_gpu(s, now, enforcing, seen, pids)
+            except Exception as e:  # noqa: BLE001 - one GPU's failure is that GPU's
+                self.failures.failed(f"GPU {s.index}", e)
+        self._guarded("attribution cache", lambda: self.attributor.forget_missing(pids))
         self._unattributed &= pids
         if enforcing:
-            self.enforcer.end_step()
+            self._guarded("enforcement (end of step)", self.enforcer.end_step)
         if seen:
             self.last_job_seen = now
         for k in [k for k, o in self.open.items() if now - o.last_seen > GONE_AFTER_S]:
-            self.close_job(k)
+            self._guarded("closing a series", lambda k=k: self.close_job(k))  # type: ignore[misc]
         return seen
+
+    def _guarded(self, where: str, fn: Callable[[], object]) -> None:
+        """Run ``fn``; a failure is logged (rate limited), never raised."""
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - the loop must go on
+            self.failures.failed(where, e)
+
+    def _identify(self, pid: int, gpu: int) -> tuple[int, JobTag] | None:
+        """The process's (start ticks, job) as the collector charges it, or None.
+
+        An MPS server of root's daemon is charged to nothing (:meth:`_mps_server`),
+        asked first: its cgroup or environment must not make it a job's process."""
+        if self._mps_server(pid, gpu):
+            return None
+        ident = self.attributor.identity(pid) or self._by_tenancy(pid, gpu)
+        return None if ident is None else self._held_to_mps_job(ident, gpu)
+
+    def _step_gpu(self, s: GpuSample, now: float, enforcing: bool,
+                  seen: dict[Key, int], pids: set[int]) -> None:
+        """One GPU's part of :meth:`step` (its processes isolated one by one)."""
+        denergy = self._energy_delta(s)
+        gpu = self._slurm_index(s.index)
+        per_job: dict[Key, int] = {}
+        entries: list[enforce.Entry] = []
+        for p in s.processes:
+            pids.add(p.pid)
+            try:
+                ident = self._identify(p.pid, gpu)
+            except Exception as e:  # noqa: BLE001 - one process never stops the sample
+                self.failures.failed(f"GPU {gpu}: attributing a process", e)
+                continue
+            if ident is None:
+                continue
+            tag = ident[1]
+            entries.append((p, ident[0], tag))
+            k = (tag.job_id, tag.attempt)
+            per_job[k] = per_job.get(k, 0) + p.used_mib
+        if enforcing and entries:
+            try:
+                self.enforcer.observe(gpu, entries)
+            except Exception as e:  # noqa: BLE001 - the verdict store; metrics go on
+                self.failures.failed(f"enforcement on GPU {gpu}", e)
+        total = sum(per_job.values())
+        for k, mem in per_job.items():
+            seen[k] = seen.get(k, 0) + mem
+            share = mem / total if total else 1.0 / len(per_job)
+            tenants = tuple(sorted({j for j, _ in per_job if j != k[0]}, key=store._job_key))
+            row = store.Row(
+                t=now, gpu=gpu, mem_mib=float(mem), mem_max_mib=mem,
+                gpu_mem_mib=s.memory_used_mib, util_pct=s.utilization_pct,
+                sm_pct=s.sm_activity_pct, occ_pct=s.sm_occupancy_pct,
+                dram_pct=s.dram_activity_pct, power_w=s.power_w,
+                energy_j=denergy * share, tenants=tenants,
+            )
+            try:
+                self._add(k, row, now)
+            except Exception as e:  # noqa: BLE001 - one job's series is that job's
+                self.failures.failed(f"GPU {gpu}: writing a job's series", e)
 
     def _add(self, k: Key, row: store.Row, now: float) -> None:
         o = self.open.get(k)
@@ -292,28 +387,65 @@ class Collector:
             self.close_job(k)
 
 
+SERVER_PROGRAM = "nvidia-cuda-mps-server"
+"""The MPS server's executable, installed beside ``nvidia-cuda-mps-control``."""
+
+
+def _exe(pid: int) -> str | None:
+    """The real path of the process's executable (a link /proc resolves; no file read)."""
+    try:
+        return os.path.realpath(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return None
+
+
+def _same_program(pid: int, daemon_pid: int) -> bool:
+    """``pid`` runs the MPS server program of the daemon ``daemon_pid``.
+
+    ``nvidia-cuda-mps-server`` beside the daemon's executable (the hardware's layout),
+    or the daemon's own executable (a forked child before its exec; the simulation's
+    servers, which run the daemon's interpreter).
+    """
+    exe, daemon_exe = _exe(pid), _exe(daemon_pid)
+    if exe is None or daemon_exe is None:
+        return False
+    return exe in (daemon_exe, os.path.join(os.path.dirname(daemon_exe), SERVER_PROGRAM))
+
+
 # ------------------------------------------------------------------ process ---
 
 
 def acquire_lock(metrics_dir: str, tries: int = 5) -> int | None:
-    """Take the collector lock; None when another collector holds it."""
-    d = store.ensure_dir(Path(metrics_dir))
-    fd = os.open(d / PID_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    for i in range(tries):
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            time.sleep(0.05 * (i + 1))  # a prolog may be probing the lock right now
-            continue
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        return fd
-    os.close(fd)
-    return None
+    """Take the collector lock; None when another collector holds it.
+
+    The lock lives in root's private directory (:mod:`.liveness`): no user can open
+    it, so no user can hold it and keep collectors out.
+    """
+    return liveness.acquire_lock(metrics_dir, tries)
 
 
-def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None = None) -> int:
-    """The collector's main loop (returns when idle, on SIGTERM, or after max_seconds)."""
+def _jobs_registered(cfg: CollocConfig) -> bool:
+    """Any shared-GPU job registered on this node (root's MPS bookkeeping)?
+
+    The idle exit waits for none: a job that does not touch its GPU for
+    ``collector_idle_exit_s`` and then goes over its limit must still meet a collector.
+    """
+    try:
+        return bool(Tenancy(Path(cfg.mps_root)).all_jobs())
+    except (OSError, ValueError):
+        return True  # unknown: stay
+
+
+def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None = None,
+          heartbeat: liveness.Heartbeat | None = None,
+          parent: int | None = None) -> int:
+    """The collector's main loop (returns when idle, on SIGTERM, or after max_seconds).
+
+    No exception of a step ends it: a failing sample is logged (rate limited) and the
+    next one is taken. ``heartbeat`` is touched after each completed sample (the
+    supervisor restarts a worker whose heartbeat stops); ``parent``: the supervisor's
+    pid, whose death ends the loop (its lock is gone, a new collector may start).
+    """
     stop = False
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -329,21 +461,24 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
     tick = time.monotonic()
     try:
         while not stop:
+            if parent is not None and os.getppid() != parent:
+                log.warning("supervisor %d gone: exiting (the next prolog starts a new one)",
+                            parent)
+                break
             try:
                 c.step()
             except GpuBackendError as e:
-                log.warning("GPU backend: %s", e)
-            except OSError as e:
-                log.warning("metrics store: %s", e)
+                c.failures.failed("GPU backend", e)
+            except Exception as e:  # noqa: BLE001 - no step may end enforcement
+                c.failures.failed("collector step", e)
+            else:
+                if heartbeat is not None:
+                    c._guarded("heartbeat", heartbeat.beat)
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + PRUNE_EVERY_S
-                open_jobs = {k[0] for k in c.open}
-                removed = store.prune(cfg.metrics_dir, cfg.metrics_retention_days, keep=open_jobs)
-                if removed:
-                    log.info("pruned %d old job series", len(removed))
-                with contextlib.suppress(OSError):
-                    enforce.prune_verdicts(cfg.metrics_dir, cfg.metrics_retention_days)
-            if not c.open and c.clock() - c.last_job_seen > cfg.collector_idle_exit_s:
+                c._guarded("pruning old series", lambda: _prune(cfg, c))
+            if (not c.open and c.clock() - c.last_job_seen > cfg.collector_idle_exit_s
+                    and not _jobs_registered(cfg)):
                 log.info("no GPU jobs for %.0fs, exiting", cfg.collector_idle_exit_s)
                 break
             if max_seconds is not None and time.monotonic() - started >= max_seconds:
@@ -359,35 +494,101 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m slurm_colloc.metrics.collector [--conf FILE] [--seconds N]``."""
-    from slurm_colloc import config as cfgmod
+def _prune(cfg: CollocConfig, c: Collector) -> None:
+    open_jobs = {k[0] for k in c.open}
+    removed = store.prune(cfg.metrics_dir, cfg.metrics_retention_days, keep=open_jobs)
+    if removed:
+        log.info("pruned %d old job series", len(removed))
+    with contextlib.suppress(OSError):
+        enforce.prune_verdicts(cfg.metrics_dir, cfg.metrics_retention_days)
+
+
+LOG_FORMAT = "%(asctime)s colloc: collector: %(message)s"
+
+
+def _logging(cfg: CollocConfig) -> None:
+    """To stderr and root's log file."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    if cfg.log_file:
+        try:
+            fh = logging.FileHandler(cfg.log_file)
+        except OSError as e:
+            log.warning("log file %s: %s", cfg.log_file, e)
+        else:
+            fh.setFormatter(logging.Formatter(LOG_FORMAT))
+            logging.getLogger().addHandler(fh)
+
+
+def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None) -> int:
+    """Sample until idle; an exception that still escapes is logged and reported."""
     from slurm_colloc.gpu.select import backend_from_config
+    from slurm_colloc.metrics.supervisor import write_crash
+
+    with contextlib.suppress(OSError):
+        os.nice(5)
+    try:
+        heartbeat = liveness.Heartbeat(cfg.metrics_dir)
+        backend = backend_from_config(cfg)
+        try:
+            log.info("worker started (pid %d, backend %s, every %.1fs; over limit: %s, "
+                     "outside MPS: %s)", os.getpid(), backend.name, cfg.sample_interval_s,
+                     cfg.enforce_over_limit, cfg.enforce_outside_mps)
+            return serve(cfg, backend, max_seconds=seconds, heartbeat=heartbeat,
+                         parent=parent)
+        finally:
+            backend.close()
+            heartbeat.close()
+    except Exception as e:
+        log.exception("collector worker failed")
+        write_crash(cfg.metrics_dir, f"{type(e).__name__}: {e}")
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slurm_colloc.metrics.collector [--conf FILE] [--seconds N]``.
+
+    Without flags: the supervisor (takes the lock, runs and restarts the worker:
+    :mod:`.supervisor`). ``--worker`` is the sampling loop it runs;
+    ``--no-supervisor`` runs that loop under the lock in this process (benchmarks).
+    """
+    from slurm_colloc import config as cfgmod
+    from slurm_colloc.metrics.supervisor import Supervisor
 
     p = argparse.ArgumentParser(prog="colloc-collector", description=__doc__.split("\n\n")[0])
     p.add_argument("--conf", help="colloc.conf (default $COLLOC_CONF or /etc/slurm/colloc.conf)")
     p.add_argument("--seconds", type=float, help="stop after this long (benchmarks, tests)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--no-supervisor", action="store_true",
+                   help="sample in this process, no restarts (benchmarks)")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s colloc: collector: %(message)s")
     cfg = cfgmod.load(a.conf)
-    if cfg.log_file:
-        with contextlib.suppress(OSError):
-            fh = logging.FileHandler(cfg.log_file)
-            fh.setFormatter(logging.Formatter("%(asctime)s colloc: collector: %(message)s"))
-            logging.getLogger().addHandler(fh)
-    fd = acquire_lock(cfg.metrics_dir)
+    _logging(cfg)
+    if a.worker:
+        return _worker(cfg, a.seconds, a.supervisor)
+    try:
+        fd = acquire_lock(cfg.metrics_dir)
+    except OSError as e:
+        log.error("cannot take the collector lock (%s): not starting", e)
+        return 1
     if fd is None:
         return 0  # another collector is running
-    with contextlib.suppress(OSError):
-        os.nice(5)
-    backend = backend_from_config(cfg)
-    log.info("started (pid %d, backend %s, every %.1fs; over limit: %s, outside MPS: %s)",
-             os.getpid(), backend.name, cfg.sample_interval_s, cfg.enforce_over_limit,
-             cfg.enforce_outside_mps)
     try:
-        return serve(cfg, backend, max_seconds=a.seconds)
+        if a.no_supervisor:
+            return _worker(cfg, a.seconds, None)
+        args = ["--worker", "--supervisor", str(os.getpid())]
+        args += ["--conf", a.conf] if a.conf else []
+        args += ["--seconds", str(a.seconds)] if a.seconds is not None else []
+        sup = Supervisor(cfg.metrics_dir, [sys.executable, "-I", "-m", __spec__.name
+                                           if __spec__ else "slurm_colloc.metrics.collector",
+                                           *args],
+                         stall_s=max(60.0, 30 * cfg.sample_interval_s),
+                         log_file=cfg.log_file or None)
+        signal.signal(signal.SIGTERM, sup.stop)
+        signal.signal(signal.SIGINT, sup.stop)
+        log.info("supervisor started (pid %d)", os.getpid())
+        return sup.run()
     finally:
-        backend.close()
         os.close(fd)
 
 

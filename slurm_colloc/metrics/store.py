@@ -2,7 +2,8 @@
 
 Layout (root-owned)::
 
-    metrics_dir/collector.pid          the node collector's pid, flock-ed while it runs
+    metrics_dir/collector/             root 0700: the collector's lock, pid, heartbeat
+    metrics_dir/collector-events.tsv   when the collector ran (see :mod:`.liveness`)
     metrics_dir/jobs/<job>/meta-<n>.json    written by the prolog for attempt n (0600)
     metrics_dir/jobs/<job>/series-<n>.tsv   appended by the collector, one row per stride
                                             (0644: GPU metrics are what jobstats shows
@@ -42,7 +43,6 @@ from pathlib import Path
 from slurm_colloc import procfs
 
 HEADER = "# colloc-metrics v1"
-PID_FILE = "collector.pid"
 COLUMNS = (
     "t", "gpu", "mem_mib", "mem_max_mib", "gpu_mem_mib", "util_pct", "sm_pct", "occ_pct",
     "dram_pct", "power_w", "energy_j", "tenants", "n",

@@ -1,23 +1,24 @@
 """Prolog side of the metrics sidecar: record the attempt, make sure a collector runs.
 
 This sits on every job's start, so it does the least possible: one small JSON
-write, one non-blocking ``flock`` probe on the collector's pid file (no pid parsing,
-so a stale pid file can never fool it), and only when no collector holds the lock a
-detached double-fork + exec of ``python -m slurm_colloc.metrics.collector``.
+write, one non-blocking ``flock`` probe on the collector's lock in root's private
+directory (no pid parsing, so a stale pid file can never fool it, and no user can
+open the file, so no user's lock can pass for a collector), and only when no
+collector holds the lock a detached double-fork + exec of
+``python -m slurm_colloc.metrics.collector`` (its supervisor,
+:mod:`slurm_colloc.metrics.supervisor`, which restarts the sampling worker).
 Measured cost: see docs/report.md (well under a millisecond when the collector is
 already running).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from slurm_colloc.config import CollocConfig
-from slurm_colloc.metrics import store
+from slurm_colloc.metrics import liveness, store
 from slurm_colloc.node.detach import spawn_module
 from slurm_colloc.node.job import JobContext
 
@@ -54,18 +55,12 @@ def meta_for(ctx: JobContext, cfg: CollocConfig, env: Mapping[str, str]) -> stor
 
 
 def collector_running(metrics_dir: str) -> bool:
-    """True while a collector holds the lock on its pid file."""
-    try:
-        fd = os.open(Path(metrics_dir) / store.PID_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    """True while a collector holds its lock (root's private directory only).
+
+    See :func:`slurm_colloc.metrics.liveness.collector_running`: a lock a user could
+    open (the old 0644 ``collector.pid``) let any job keep every collector out.
+    """
+    return liveness.collector_running(metrics_dir)
 
 
 def spawn_collector(env: Mapping[str, str]) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
-from slurm_colloc.metrics import store
+from slurm_colloc.metrics import liveness, store
 from slurm_colloc.node import gpus as gpusmod
 from slurm_colloc.node import metrics_launch as ml
 from slurm_colloc.node.job import JobContext
@@ -76,11 +76,14 @@ def test_meta_for_a_job_without_record() -> None:
 
 
 def test_collector_running_follows_the_lock_not_the_pid(tmp_path: Path) -> None:
-    assert ml.collector_running(str(tmp_path)) is False  # no pid file
-    pid_file = tmp_path / store.PID_FILE
-    pid_file.write_text("1\n")  # a stale pid (init!) must not fool it
+    assert ml.collector_running(str(tmp_path)) is False  # no lock at all
+    private = tmp_path / liveness.PRIVATE_DIR
+    private.mkdir(mode=0o700)
+    (private / liveness.PID).write_text("1\n")  # a stale pid (init!) must not fool it
+    lock = private / liveness.LOCK
+    lock.write_text("")
     assert ml.collector_running(str(tmp_path)) is False
-    fd = os.open(pid_file, os.O_RDWR)
+    fd = os.open(lock, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         # flock is per open file description: a new open in this process conflicts
@@ -93,7 +96,9 @@ def test_collector_running_follows_the_lock_not_the_pid(tmp_path: Path) -> None:
 def test_collector_running_does_not_follow_a_symlink(tmp_path: Path) -> None:
     real = tmp_path / "elsewhere"
     real.write_text("")
-    (tmp_path / store.PID_FILE).symlink_to(real)
+    private = tmp_path / liveness.PRIVATE_DIR
+    private.mkdir(mode=0o700)
+    (private / liveness.LOCK).symlink_to(real)
     fd = os.open(real, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
