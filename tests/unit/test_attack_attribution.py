@@ -273,6 +273,50 @@ def test_a_server_left_by_a_daemon_root_no_longer_vouches_for_is_not_excused(
             os.chmod(tenancy.daemon_state(0, VICTIM), 0o600)
 
 
+def test_the_v3_server_is_recognised_even_when_a_job_cgroup_would_claim_it(
+    base: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """MPS v3: the node's daemon runs one server per GPU as root. Where the prolog runs
+    inside the job (``PrologFlags=RunInJob``) the daemon and its servers sit in the
+    first job's cgroup, which would make the server that job's process outside MPS.
+    The v3 daemon's recorded identity (``mps_root/v3/state/daemon.json``) vouches for
+    its servers as the legacy daemon's does for its own."""
+    from slurm_colloc.mps.v3 import MpsV3Node
+    from slurm_colloc.node.mps_protocol import V3_DIR
+
+    cfg, backend, state, _t = make(base, enforce_samples=1, enforce_outside_mps="flag")
+    v3 = base / "mps" / V3_DIR
+    v3.mkdir(parents=True)
+    script = base / "nvidia-cuda-mps-control"
+    script.write_text(f"#!{sys.executable}\nimport sys\n"
+                      "from slurm_colloc.gpu.sim.mps_v3_control import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    node = MpsV3Node(str(script), v3 / "pipe", v3 / "log", v3 / "state",
+                     extra_env={"COLLOC_SIM_STATE": str(state)})
+    uuid = backend.spec.uuid(0)
+    node.start({0: uuid})
+    try:
+        env = node.add_job(0, uuid, 84, VICTIM, VICTIM, 2048, 0)
+        meta(cfg, 84, 2048, VICTIM)
+        client, server = mps_client(procs, Path(env["CUDA_MPS_PIPE_DIRECTORY"]), "84", VICTIM)
+        register(state, client.pid, 1024, VICTIM, server=server)
+        col = Collector(cfg, backend, clock=Clock())
+        real = col.attributor.identity
+        ticks = process_start_ticks(server)
+
+        def in_job_cgroup(pid: int) -> tuple[int, JobTag] | None:  # RunInJob's layout
+            if pid == server and ticks is not None:
+                return ticks, JobTag("84", 0, "cgroup", 0)
+            return real(pid)
+
+        col.attributor.identity = in_job_cgroup  # type: ignore[method-assign]
+        assert col._mps_server(server, 0)
+        assert col.step() == {("84", 0): 1024}
+        assert enforce.read_verdicts(cfg.metrics_dir) == []
+    finally:
+        node.stop()
+
+
 # --- 3. culprits are jobs over their limit only --------------------------------------
 
 

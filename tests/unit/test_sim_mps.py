@@ -267,19 +267,22 @@ def test_job_without_mps_env_shows_up_as_a_non_mps_process(daemon, sim_gpus):
         backend = SimBackend(sim_gpus)
         deadline = time.monotonic() + 15
         procs: dict[int, bool | None] = {}
-        while time.monotonic() < deadline and len(procs) < 2:
+        while time.monotonic() < deadline and len(procs) < 3:
             procs = {p.pid: p.mps_client for p in backend.sample(0).processes}
             time.sleep(0.05)
-        assert procs == {with_mps.pid: True, bypass.pid: False}
-        # the driver's reserve, one MPS server (not listed as a process: the collector
-        # would charge it to its user's job as a process outside MPS), both footprints
+        servers = control(daemon, stdin="get_server_list\n").stdout.split()
+        assert len(servers) == 1
+        server = int(servers[0])
+        # the MPS server is a compute process and no MPS client, as NVML lists it
+        assert procs == {with_mps.pid: True, bypass.pid: False, server: False}
+        # the driver's reserve, one MPS server, both footprints
         sample = backend.sample(0)
-        while sum(p.used_mib for p in sample.processes) < 3072 and time.monotonic() < deadline:
+        while sum(p.used_mib for p in sample.processes) < 3072 + 64 and \
+                time.monotonic() < deadline:
             time.sleep(0.05)  # each creates its context before it allocates
             sample = backend.sample(0)
         assert sample.memory_used_mib == 512 + 64 + 1024 + 2048
-        assert sum(p.used_mib for p in sample.processes) == 1024 + 2048
-        servers = control(daemon, stdin="get_server_list\n").stdout.split()
+        assert sum(p.used_mib for p in sample.processes) == 64 + 1024 + 2048
         from slurm_colloc.gpu.sim.state import read_records
 
         recs = {r.pid: r.mps_server for r in read_records(sim_gpus, 0)}

@@ -253,13 +253,17 @@ def test_memory_used_counts_each_live_mps_server_once(tmp_path):
         write_record(tmp_path, record(clients[2].pid, mib=300, server=b))
         two = backend.sample(0)
         assert two.memory_used_mib == 512 + 2 * 64 + 4000  # another user's server
-        # servers are no processes of the list (the collector would blame a job)
-        assert sorted(p.pid for p in two.processes) == sorted(
-            [c.pid for c in clients] + [os.getpid()]
-        )
+        # servers are compute processes but no MPS clients, as in NVML (issue 23)
+        listed = {p.pid: (p.used_mib, p.mps_client) for p in two.processes}
+        assert listed == {clients[0].pid: (1000, True), clients[1].pid: (2000, True),
+                          clients[2].pid: (300, True), os.getpid(): (700, False),
+                          a: (64, False), b: (64, False)}
+        assert sum(p.used_mib for p in two.processes) == two.memory_used_mib - 512
         servers[1].kill()
         servers[1].wait()
-        assert backend.sample(0).memory_used_mib == 512 + 64 + 4000  # a dead server holds nothing
+        three = backend.sample(0)
+        assert three.memory_used_mib == 512 + 64 + 4000  # a dead server holds nothing
+        assert b not in {p.pid for p in three.processes}
     finally:
         for p in servers + clients:
             p.kill()

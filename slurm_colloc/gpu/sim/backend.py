@@ -12,12 +12,14 @@ MPS daemon (its ``CUDA_MPS_PIPE_DIRECTORY`` unset or wrong) is not, as NVML's MP
 process list would tell on a real node. Hard per-cgroup limits are not simulated
 (the backend answers "unsupported", like a driver before r615).
 
-MPS servers are in ``memory_used_mib`` only, not in ``processes``: NVML lists them as
-compute processes, but a server runs as its user outside every job's cgroup, so the
-collector would charge it to that user's newest MPS job on the GPU (attribution by
-tenancy) as a process that is not an MPS client, and the outside-MPS enforcement
-would kill a job that did nothing wrong. Until the collector knows servers, the sim
-keeps them out of the process list.
+MPS servers are listed as the hardware lists them: a live server with clients on the
+GPU is a compute process holding ``server_mib`` (what ``memory_used_mib`` counts for
+it), and not an MPS client (``mps_client`` False: NVML's MPS list names clients, not
+the server). The legacy server runs as its user outside every job's cgroup; the
+collector must recognise it as root's control daemon's child
+(:meth:`slurm_colloc.metrics.collector.Collector._mps_server`), or it would charge it
+to that user's newest job as a process outside MPS. Hiding servers here once kept
+every test from seeing that (issue 23).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from slurm_colloc.gpu.sim.state import (
     gpu_power_w,
     gpu_used_mib,
     load_spec,
+    mps_servers,
     read_records,
 )
 
@@ -71,6 +74,15 @@ class SimBackend(GpuBackend):
             records = read_records(self.state_dir, index)
             energy = energy_j(self.state_dir, self.spec, index, fd, now)
         activity = min(100.0, sum(r.sm_pct for r in records))
+        clients = tuple(
+            GpuProcess(pid=r.pid, used_mib=r.used_mib, mps_client=r.mps_server > 0)
+            for r in records
+        )
+        listed = {r.pid for r in records}
+        servers = tuple(
+            GpuProcess(pid=pid, used_mib=self.spec.server_mib, mps_client=False)
+            for pid in sorted(mps_servers(records)) if pid not in listed
+        )
         return GpuSample(
             index=index,
             timestamp=now,
@@ -79,8 +91,5 @@ class SimBackend(GpuBackend):
             power_w=gpu_power_w(self.spec, records),
             energy_j=energy,
             sm_activity_pct=activity,
-            processes=tuple(
-                GpuProcess(pid=r.pid, used_mib=r.used_mib, mps_client=r.mps_server > 0)
-                for r in records
-            ),
+            processes=clients + servers,
         )
