@@ -381,7 +381,14 @@ def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogR
     try:
         spool = ensure_root_dir(Path(cfg.evidence_dir).parent / "spool", 0o700)
         path = record_writer.spool_path(str(spool), ctx.job_id)
-        path.write_text(text)
+        # whole or not at all: the node's writer may be draining the spool right now
+        tmp = spool / f".{path.name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        # after the record is there: a writer that is ending looks at the spool again
         record_writer.spawn(ctx.job_id, path, main_env(os.environ))
         result.record_spooled = str(path)
     except Exception as e:  # noqa: BLE001 - the record is for the report; never fatal

@@ -1,30 +1,77 @@
-"""Write a finished job's accounting record once Slurm lets us.
+"""Write finished jobs' accounting records once Slurm lets us: one writer per node.
 
 Why a detached helper: from inside the Epilog the job is still COMPLETING, when
 ``scontrol update AdminComment`` is refused ("Job has already finished"), and
 ``sacctmgr modify job`` only sticks once the controller has sent the job's final
-record to slurmdbd (slurm-facts.md). So the epilog leaves the encoded text in a
-root-owned spool file and starts this helper, which waits until slurmdbd has the
-job's end (``sacct``: slurmdbd, not slurmctld, so no load on the controller; Slurm
-advises against controller calls from node scripts), writes with sacctmgr (the
-encoding survives its lowercasing), reads it back, and retries a few times. The
-spool file is removed only after a verified write, so ``colloc admin`` tooling can
-replay leftovers after a crash.
+record to slurmdbd (slurm-facts.md). So the epilog leaves the encoded text in root's
+spool (``<spool>/<jobid>.adminc``, a 0700 directory) and makes sure a writer runs.
+The writer waits until slurmdbd has each job's end (``sacct``: slurmdbd, not
+slurmctld, so no load on the controller; Slurm advises against controller calls from
+node scripts), writes with sacctmgr (the encoding survives its lowercasing), reads it
+back, and retries a few times. A spool file is removed only after a verified write;
+one given up is renamed ``<jobid>.adminc.failed`` for an admin to replay.
+
+**One writer per node** (issue 23). Each finished job used to start its own root
+process polling sacct every second for up to 120 s: a flood of short jobs forked
+hundreds of pollers. Now:
+
+* the writer holds an exclusive ``flock`` on :data:`LOCK_NAME` (root 0600 in root's
+  spool directory, opened ``O_NOFOLLOW``; no user can open it, so no user can hold
+  it); a second writer exits at once;
+* the epilog spools first, then starts a writer only when the lock is free
+  (:func:`writer_running`, a non-blocking probe); a writer that finds the spool empty
+  releases the lock and looks once more (:func:`run_writer`), so a record spooled
+  while it was ending is never left without a writer;
+* each round asks slurmdbd once for every pending job (at most :data:`BATCH`), and
+  the pause between rounds doubles while nothing can be written, from
+  :data:`PAUSE_S` to :data:`MAX_PAUSE_S`;
+* bounded: a record is written anyway after :data:`WAIT_S`, given up after
+  :data:`TRIES` failed writes; the writer exits when the spool is empty.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
+import re
+import stat
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slurm_colloc.node.detach import spawn_module
 from slurm_colloc.node.logging_setup import node_logger
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmError, by_start
 
+MODULE = "slurm_colloc.node.record_writer"
+LOCK_NAME = "writer.lock"
+"""The writer's lock in the spool directory (root 0600)."""
 TRIES = 8
+"""Failed writes (or unverified read-backs) before a record is given up."""
+WAIT_S = 120.0
+"""How long a record waits for slurmdbd to show its job's end before it is written
+anyway."""
+PAUSE_S = 1.0
+"""The first pause between rounds, and after any progress."""
+MAX_PAUSE_S = 30.0
+"""The longest pause between rounds."""
+BATCH = 100
+"""Pending records looked at per round (the oldest first): one sacct call for them."""
+MAX_SCAN = 10000
+"""Spool entries listed at most per round."""
+MAX_RECORD_BYTES = 65536
+"""What is read of one spool file."""
+LOCK_TRIES = 5
+"""A starting writer retries the lock this often (0.1 s apart): an epilog's probe
+holds it for an instant."""
+_NAME = re.compile(r"([0-9]{1,19})\.adminc")
+
+LogFor = Callable[[int], "logging.LoggerAdapter[Any]"]
 
 
 def spool_path(spool_dir: str, job_id: int) -> Path:
@@ -32,49 +79,227 @@ def spool_path(spool_dir: str, job_id: int) -> Path:
     return Path(spool_dir) / f"{job_id}.adminc"
 
 
-def write_when_finished(
-    adapter: SlurmAdapter, job_id: int, text: str, *, wait: float = 120, pause: float = 1.0
-) -> str:
-    """Wait until slurmdbd records the job's end, then set and verify AdminComment.
+# ------------------------------------------------------------------ the lock ---
 
-    Asks slurmdbd only (sacct/sacctmgr), never the controller.
+
+def _open_lock(spool_dir: Path) -> int:
+    """Root's lock file in ``spool_dir``, never through a link; OSError otherwise."""
+    fd = os.open(spool_dir / LOCK_NAME,
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"{spool_dir / LOCK_NAME}: not root's regular file")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def try_lock(spool_dir: Path) -> int | None:
+    """The writer's lock, held (an fd to close to release it), or None when another
+    process holds it or the lock file is not root's."""
+    try:
+        fd = _open_lock(spool_dir)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def writer_running(spool_dir: Path) -> bool:
+    """Whether a writer holds the lock now (a non-blocking probe, released at once)."""
+    try:
+        fd = _open_lock(spool_dir)
+    except OSError:
+        return False  # no usable lock: a writer started now reports why
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return False
+
+
+def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> bool:
+    """Start the node's writer detached unless one runs; True when one was started.
+
+    Call it after the record is in the spool: a writer that is ending looks at the
+    spool again after releasing its lock."""
+    if writer_running(spool_file.parent):
+        return False
+    spawn_module(MODULE, (str(job_id), str(spool_file)), env)
+    return True
+
+
+# --------------------------------------------------------------- the spool ---
+
+
+def pending(spool_dir: Path) -> dict[int, Path]:
+    """Spooled records, the oldest :data:`BATCH` (by mtime), by job id."""
+    found: list[tuple[float, int, Path]] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(spool_dir) as it:
+        for n, entry in enumerate(it):
+            if n >= MAX_SCAN:
+                break
+            m = _NAME.fullmatch(entry.name)
+            if m is None:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            found.append((st.st_mtime, int(m.group(1)), Path(entry.path)))
+    found.sort()
+    return {job: path for _, job, path in found[:BATCH]}
+
+
+def _read_record(path: Path) -> str:
+    """A spool file's text: a regular file, never through a link, bounded."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        data = os.read(fd, MAX_RECORD_BYTES)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip()
+
+
+def _give_up(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.rename(path, path.with_name(path.name + ".failed"))
+
+
+# --------------------------------------------------------------- slurmdbd ---
+
+
+def _finished(adapter: SlurmAdapter, jobs: list[int]) -> set[int]:
+    """The jobs whose end slurmdbd has recorded (one sacct call; none on error).
+
+    The end time too, not only a final state: slurmdbd that was down gets the job-end
+    record queued by slurmctld after the state already reads final, and that late
+    record rewrote an AdminComment written in between (seen killing slurmdbd mid-run).
     """
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            recs = by_start(adapter.accounting([job_id]))
-        except SlurmError:
-            recs = []
-        # the end time too: slurmdbd that was down gets the job-end record queued by
-        # slurmctld after the state already reads final, and that late record rewrote
-        # an AdminComment written in between (seen killing slurmdbd mid-run)
-        state = (recs[-1].state.split() or [""])[0] if recs else ""  # "" when not recorded
-        if (state in TERMINAL_STATES
-                and recs[-1].fields.get("End", "Unknown") != "Unknown"):
-            break
-        time.sleep(pause)
+    try:
+        rows = adapter.accounting(jobs)
+    except SlurmError:
+        return set()
+    by_job: dict[str, list[Any]] = {}
+    for r in rows:
+        by_job.setdefault(r.job_id, []).append(r)
+    done = set()
+    for job in jobs:
+        recs = by_start(by_job.get(str(job), []))
+        if not recs:
+            continue
+        state = (recs[-1].state.split() or [""])[0]
+        if state in TERMINAL_STATES and recs[-1].fields.get("End", "Unknown") != "Unknown":
+            done.add(job)
+    return done
+
+
+def write_verified(adapter: SlurmAdapter, job_id: int, text: str) -> str | None:
+    """Set AdminComment once and read it back: None when verified, else why not."""
+    try:
+        adapter.set_admin_comment_finished(job_id, text)
+        recs = adapter.accounting([job_id])
+    except SlurmError as e:  # sacctmgr or the read-back: both worth another try
+        return str(e)
     want = text.lower()
-    for attempt in range(TRIES):
+    if any(r.fields.get("AdminComment", "").lower() == want for r in recs):
+        return None
+    return "read back a different value"
+
+
+@dataclass
+class _Entry:
+    first_seen: float
+    tries: int = 0
+    next_try: float = 0.0
+
+
+def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: float = WAIT_S,
+          pause: float = PAUSE_S) -> int:
+    """Write spooled records until the spool is empty; the number written.
+
+    The caller holds the writer's lock."""
+    state: dict[int, _Entry] = {}
+    written, delay = 0, pause
+    while True:
+        jobs = pending(spool_dir)
+        if not jobs:
+            return written
+        now = time.monotonic()
+        state = {j: state.get(j) or _Entry(now) for j in jobs}
+        fresh = any(e.first_seen == now for e in state.values())
+        finished = _finished(adapter, list(jobs))
+        progressed = False
+        for job, path in jobs.items():
+            e = state[job]
+            now = time.monotonic()
+            if (job not in finished and now - e.first_seen < wait) or now < e.next_try:
+                continue
+            log = log_for(job)
+            try:
+                text = _read_record(path)
+            except OSError as err:
+                log.error("spooled record unreadable, set aside: %s", err)
+                _give_up(path)
+                continue
+            why = write_verified(adapter, job, text)
+            if why is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                log.info("written (%d bytes, try %d)", len(text), e.tries + 1)
+                written += 1
+                progressed = True
+                continue
+            e.tries += 1
+            e.next_try = time.monotonic() + pause * e.tries
+            if e.tries >= TRIES:
+                _give_up(path)
+                log.error("AdminComment not written after %d tries, left in %s.failed: %s",
+                          TRIES, path, why)
+        if not pending(spool_dir):
+            return written
+        delay = pause if progressed or fresh else min(MAX_PAUSE_S, delay * 2)
+        time.sleep(delay)
+
+
+def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor) -> int:
+    """Be the node's one writer: lock, drain, release, look again; the number written.
+
+    Returns at once (0) when another writer holds the lock."""
+    written = 0
+    while True:
+        fd = None
+        for attempt in range(LOCK_TRIES):
+            fd = try_lock(spool_dir)
+            if fd is not None or attempt == LOCK_TRIES - 1:
+                break
+            time.sleep(0.1)
+        if fd is None:
+            return written  # another writer drains the spool
         try:
-            adapter.set_admin_comment_finished(job_id, text)
-            recs = adapter.accounting([job_id])
-        except SlurmError as e:  # sacctmgr or the read-back: both worth another try
-            last = str(e)
-        else:
-            if any(r.fields.get("AdminComment", "").lower() == want for r in recs):
-                return f"written ({len(text)} bytes, try {attempt + 1})"
-            last = "read back a different value"
-        time.sleep(pause * (attempt + 1))
-    raise SlurmError(f"AdminComment not written after {TRIES} tries: {last}")
-
-
-def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> None:
-    """Start the writer detached (slurmd does not wait for it)."""
-    spawn_module("slurm_colloc.node.record_writer", (str(job_id), str(spool_file)), env)
+            written += drain(adapter, spool_dir, log_for)
+        finally:
+            os.close(fd)
+        if not pending(spool_dir):
+            return written
 
 
 def main() -> int:
-    """Entry: ``python -m slurm_colloc.node.record_writer JOBID SPOOLFILE`` (root)."""
+    """Entry: ``python -m slurm_colloc.node.record_writer JOBID SPOOLFILE`` (root).
+
+    Drains SPOOLFILE's directory; JOBID is the job whose epilog started it."""
     from slurm_colloc import config as cfgmod
     from slurm_colloc.node.prolog import main_env
     from slurm_colloc.slurm.adapter import SlurmCli
@@ -83,14 +308,14 @@ def main() -> int:
     log_file = None
     with contextlib.suppress(cfgmod.ConfigError):
         log_file = cfgmod.load().log_file
-    log = node_logger("record-writer", job_id, log_file)
+
+    def log_for(job: int) -> logging.LoggerAdapter[Any]:
+        return node_logger("record-writer", job, log_file)
+
     try:
-        text = spool.read_text()[:65536].strip()
-        outcome = write_when_finished(SlurmCli(env=main_env(os.environ), timeout=30), job_id, text)
-        spool.unlink()
-        log.info("%s", outcome)
+        run_writer(spool.parent, SlurmCli(env=main_env(os.environ), timeout=30), log_for)
     except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
-        log.error("record not written, left in %s: %s", spool, e)
+        log_for(job_id).error("records not written, left in %s: %s", spool.parent, e)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The detached accounting writer (slurm_colloc.node.record_writer), with a fake adapter
-and a fake clock: it waits for slurmdbd's End, writes, reads back, retries, gives up,
-and keeps the spool file unless the write was verified."""
+and a fake clock: what counts as finished in slurmdbd, one verified write, retries,
+and main(). The one-writer-per-node drain: test_record_writer_drain.py."""
 
 from __future__ import annotations
 
@@ -87,92 +87,82 @@ class FakeDbd:
         self.comment = value.lower()  # sacctmgr lower-cases what it stores
 
 
-def test_waits_for_terminal_state_and_end_then_writes(clock: FakeClock) -> None:
-    dbd = FakeDbd([
-        [],  # not in slurmdbd yet
-        SlurmError("sacct: connection refused"),  # slurmdbd down: keep waiting
-        [rec("COMPLETING", end="Unknown")],
-        [rec("FAILED", end="Unknown")],  # final state but the End record still queued
-        [rec("FAILED")],
-    ])
-    out = record_writer.write_when_finished(dbd, JOB, "cl1:ABC", wait=60, pause=2.0)
-    assert out == "written (7 bytes, try 1)"
-    # four polls that did not see the end, one sleep each, then exactly one write
-    assert dbd.calls == ["sacct"] * 5 + ["sacctmgr", "sacct"]
-    assert clock.sleeps == [2.0] * 4
-    assert dbd.writes == ["cl1:ABC"]
+class Rows:
+    """sacct answers in turn (an exception is raised), then the last one again."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = list(answers)
+
+    def accounting(self, job_ids: list[int]) -> list[AccountingRecord]:
+        nxt = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(nxt, Exception):
+            raise nxt
+        return list(nxt)
 
 
-def test_first_word_of_state_decides(clock: FakeClock) -> None:
+def _done(answer: Any) -> bool:
+    return JOB in record_writer._finished(Rows([answer]), [JOB])  # type: ignore[arg-type]
+
+
+def test_finished_needs_a_terminal_state_and_the_end() -> None:
+    assert not _done([])  # not in slurmdbd yet
+    assert not _done(SlurmError("sacct: connection refused"))  # slurmdbd down: wait on
+    assert not _done([rec("COMPLETING", end="Unknown")])
+    assert not _done([rec("FAILED", end="Unknown")])  # final, the End record still queued
+    assert _done([rec("FAILED")])
+
+
+def test_first_word_of_state_decides() -> None:
     """``CANCELLED by 1001`` is terminal (only the first word counts)."""
-    dbd = FakeDbd([[rec("CANCELLED by 1001")]])
-    assert record_writer.write_when_finished(dbd, JOB, "x", wait=5).startswith("written")
-    assert clock.sleeps == []
+    assert _done([rec("CANCELLED by 1001")])
 
 
-def test_newest_attempt_decides(clock: FakeClock) -> None:
+def test_newest_attempt_decides() -> None:
     """A requeued job: the older attempt is final, the newest still pending (sorted
-    last by by_start whatever sacct's order): the writer keeps waiting."""
+    last by by_start whatever sacct's order): not finished."""
     old = rec("REQUEUED", start="2026-01-01T00:00:00")
     pending = rec("PENDING", end="Unknown", start="Unknown")
     done = rec("FAILED", start="2026-01-01T00:05:00")
-    dbd = FakeDbd([[pending, old], [pending, old], [old, done]])
-    record_writer.write_when_finished(dbd, JOB, "x", wait=60, pause=1.0)
-    assert clock.sleeps == [1.0, 1.0]
-
-
-def test_gives_up_waiting_after_deadline_and_still_writes(clock: FakeClock) -> None:
-    """The wait is bounded: a job slurmdbd never reports final gets the write anyway."""
-    dbd = FakeDbd([[rec("RUNNING", end="Unknown")]])
-    out = record_writer.write_when_finished(dbd, JOB, "x", wait=10, pause=3.0)
-    assert out.startswith("written")
-    assert clock.sleeps == [3.0] * 4  # 0, 3, 6, 9 < 10; at 12 the wait is over
-    assert dbd.writes == ["x"]
-
-
-def test_retries_refused_writes_with_growing_pause(clock: FakeClock) -> None:
-    dbd = FakeDbd([[rec("FAILED")]], write_errors=2)
-    out = record_writer.write_when_finished(dbd, JOB, "Cl1:MiXeD", wait=5, pause=0.5)
-    assert out == "written (9 bytes, try 3)"
-    assert clock.sleeps == [0.5, 1.0]  # pause x attempt
-    assert dbd.writes == ["Cl1:MiXeD"] * 3
-
-
-def test_lowercased_read_back_counts_as_written(clock: FakeClock) -> None:
-    """sacctmgr lower-cases AdminComment; the codec survives that, so does the check."""
-    dbd = FakeDbd([[rec("FAILED")]])
-    assert record_writer.write_when_finished(dbd, JOB, "CL1:UPPER", wait=5).endswith("try 1)")
-
-
-def test_gives_up_after_tries_when_read_back_differs(clock: FakeClock) -> None:
-    dbd = FakeDbd([[rec("FAILED")]], stored="someone else's text")
-    with pytest.raises(SlurmError, match=r"not written after 8 tries: read back a different"):
-        record_writer.write_when_finished(dbd, JOB, "mine", wait=5, pause=1.0)
-    assert len(dbd.writes) == record_writer.TRIES
-    assert clock.sleeps == [float(k) for k in range(1, record_writer.TRIES + 1)]
-
-
-def test_gives_up_after_tries_with_last_error(clock: FakeClock) -> None:
-    dbd = FakeDbd([[rec("FAILED")]], write_errors=100)
-    with pytest.raises(SlurmError, match="sacctmgr: job not found"):
-        record_writer.write_when_finished(dbd, JOB, "mine", wait=5)
-    assert len(dbd.writes) == record_writer.TRIES
-
-
-# was a bug (fixed): a SlurmError from the read-back sacct is not retried (the wait loop
-# treats the same error as transient); the writer gives up on the first try
-def test_transient_read_back_failure_is_retried(clock: FakeClock) -> None:
-    dbd = FakeDbd([[rec("FAILED")]], readback_errors=1)
-    out = record_writer.write_when_finished(dbd, JOB, "x", wait=5)
-    assert out.startswith("written")
+    assert not _done([pending, old])
+    assert _done([old, done])
 
 
 # was a bug (fixed): a sacct record with an empty State (sacct_json gives '' for a missing
-# state.current) raises IndexError in the wait loop instead of waiting on
-def test_record_without_state_is_waited_on(clock: FakeClock) -> None:
-    dbd = FakeDbd([[rec("", end="Unknown")], [rec("FAILED")]])
-    out = record_writer.write_when_finished(dbd, JOB, "x", wait=5, pause=1.0)
-    assert out.startswith("written") and clock.sleeps == [1.0]
+# state.current) raised IndexError instead of waiting on
+def test_record_without_state_is_waited_on() -> None:
+    assert not _done([rec("", end="Unknown")])
+
+
+def test_write_verified_once() -> None:
+    dbd = FakeDbd([[rec("FAILED")]])
+    assert record_writer.write_verified(dbd, JOB, "cl1:ABC") is None  # type: ignore[arg-type]
+    assert dbd.calls == ["sacctmgr", "sacct"] and dbd.writes == ["cl1:ABC"]
+
+
+def test_lowercased_read_back_counts_as_written() -> None:
+    """sacctmgr lower-cases AdminComment; the codec survives that, so does the check."""
+    dbd = FakeDbd([[rec("FAILED")]])
+    assert record_writer.write_verified(dbd, JOB, "CL1:UPPER") is None  # type: ignore[arg-type]
+
+
+def test_write_refused_or_read_back_different_or_failing() -> None:
+    dbd = FakeDbd([[rec("FAILED")]], write_errors=1)
+    assert record_writer.write_verified(dbd, JOB, "x") == "sacctmgr: job not found"  # type: ignore[arg-type]
+    dbd = FakeDbd([[rec("FAILED")]], stored="someone else's text")
+    assert record_writer.write_verified(dbd, JOB, "x") == "read back a different value"  # type: ignore[arg-type]
+    dbd = FakeDbd([[rec("FAILED")]], readback_errors=1)
+    assert "not responding" in str(record_writer.write_verified(dbd, JOB, "x"))  # type: ignore[arg-type]
+
+
+def test_retries_refused_writes_with_growing_pause(clock: FakeClock, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    record_writer.spool_path(str(spool), JOB).write_text("Cl1:MiXeD")
+    dbd = FakeDbd([[rec("FAILED")]], write_errors=2)
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+    assert record_writer.drain(dbd, spool, lambda j: log, pause=0.5) == 1  # type: ignore[arg-type]
+    assert dbd.writes == ["Cl1:MiXeD"] * 3
+    assert not record_writer.spool_path(str(spool), JOB).exists()
 
 
 def test_spool_path() -> None:
@@ -205,7 +195,9 @@ def main_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
             made.append({"env": env, "timeout": timeout})
 
     monkeypatch.setattr(ad, "SlurmCli", Cli)
-    spool = tmp_path / f"{JOB}.adminc"
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir(mode=0o700)
+    spool = spool_dir / f"{JOB}.adminc"
     monkeypatch.setattr(sys, "argv", ["record_writer", str(JOB), str(spool)])
     # node loggers are process-wide: start each test without file handlers
     lg = logging.getLogger("colloc.node.record-writer")
@@ -217,67 +209,46 @@ def main_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         h.close()
 
 
-def test_main_writes_then_removes_spool(main_env, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_drains_the_spool_directory(main_env, monkeypatch: pytest.MonkeyPatch) -> None:
     spool, log_file, made = main_env
-    spool.write_text("  cl1:rec  \n")
     got: list[tuple[Any, ...]] = []
 
-    def fake_write(adapter: Any, job_id: int, text: str) -> str:
-        got.append((job_id, text))
-        return "written (7 bytes, try 1)"
+    def fake_run(spool_dir: Path, adapter: Any, log_for: Any) -> int:
+        got.append((spool_dir, type(adapter).__name__))
+        log_for(JOB + 1).info("written")
+        return 1
 
-    monkeypatch.setattr(record_writer, "write_when_finished", fake_write)
+    monkeypatch.setattr(record_writer, "run_writer", fake_run)
     assert record_writer.main() == 0
-    assert got == [(JOB, "cl1:rec")]  # stripped
-    assert not spool.exists()
+    assert got == [(spool.parent, "Cli")]
     # the Slurm tools get a fixed PATH and the two config variables, nothing else
     assert made == [{"env": {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
                              "SLURM_CONF": "/etc/slurm/slurm.conf",
-                             "COLLOC_CONF": str(spool.parent / "colloc.conf")},
+                             "COLLOC_CONF": str(spool.parent.parent / "colloc.conf")},
                      "timeout": 30}]
-    assert f"record-writer: job {JOB}: written" in log_file.read_text()
+    assert f"record-writer: job {JOB + 1}: written" in log_file.read_text()
 
 
-def test_main_keeps_spool_on_failure_and_exits_0(main_env, monkeypatch) -> None:
+def test_main_failure_is_logged_and_exits_0(main_env, monkeypatch) -> None:
     spool, log_file, _ = main_env
-    spool.write_text("cl1:rec")
 
-    def broken(adapter: Any, job_id: int, text: str) -> str:
-        raise SlurmError("AdminComment not written after 8 tries: boom")
+    def broken(*a: Any) -> int:
+        raise OSError("spool unreadable")
 
-    monkeypatch.setattr(record_writer, "write_when_finished", broken)
+    monkeypatch.setattr(record_writer, "run_writer", broken)
     assert record_writer.main() == 0
-    assert spool.read_text() == "cl1:rec"  # left for replay
-    assert f"record not written, left in {spool}: AdminComment not written" in log_file.read_text()
-
-
-def test_main_missing_spool_is_logged_not_raised(main_env, monkeypatch) -> None:
-    _, log_file, _ = main_env
-    monkeypatch.setattr(record_writer, "write_when_finished",
-                        lambda *a: pytest.fail("must not write without a spool file"))
-    assert record_writer.main() == 0
-    assert "record not written" in log_file.read_text()
-
-
-def test_main_caps_what_it_reads_from_the_spool(main_env, monkeypatch) -> None:
-    spool, _, _ = main_env
-    spool.write_text("a" * 70000)
-    got: list[str] = []
-    monkeypatch.setattr(record_writer, "write_when_finished",
-                        lambda adapter, job_id, text: got.append(text) or "ok")
-    record_writer.main()
-    assert len(got[0]) == 65536
+    assert f"records not written, left in {spool.parent}: spool unreadable" in (
+        log_file.read_text())
 
 
 def test_main_survives_broken_config(main_env, monkeypatch, tmp_path, caplog) -> None:
-    """A broken colloc.conf: no log file, but the record is still written."""
-    spool, log_file, _ = main_env
+    """A broken colloc.conf: no log file, but the records are still written."""
+    _, log_file, _ = main_env
     (tmp_path / "colloc.conf").write_text("this is = = not toml")
     with pytest.raises(cfgmod.ConfigError):
         cfgmod.load()
-    spool.write_text("cl1:rec")
-    monkeypatch.setattr(record_writer, "write_when_finished", lambda *a: "written")
+    monkeypatch.setattr(record_writer, "run_writer",
+                        lambda d, a, log_for: log_for(JOB).info("written") or 1)
     assert record_writer.main() == 0
-    assert not spool.exists()
     assert not log_file.exists()
     assert [r.getMessage() for r in caplog.records] == [f"record-writer: job {JOB}: written"]

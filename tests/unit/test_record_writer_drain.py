@@ -1,0 +1,249 @@
+"""Issue 23 (low): every finished job started a detached root process that polled
+sacct every second for 120 s, so a flood of short jobs forked hundreds of pollers.
+
+Now the epilog leaves its record in root's spool and starts a writer only when none
+runs on the node: one writer at a time (a root-only lock in the spool directory)
+drains every pending record with one ``sacct`` per round for all of them, backs off
+while nothing can be written, gives a record up after a bounded number of tries, and
+exits when the spool is empty.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_colloc.node import record_writer
+from slurm_colloc.slurm.adapter import AccountingRecord, SlurmError
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    c = FakeClock()
+    monkeypatch.setattr(record_writer, "time", c)
+    return c
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    d = tmp_path / "spool"
+    d.mkdir(mode=0o700)
+    return d
+
+
+def _rec(job: int, state: str = "FAILED", end: str = "2026-01-01T00:00:10",
+         comment: str = "") -> AccountingRecord:
+    return AccountingRecord(str(job), state, {"State": state, "End": end,
+                                              "Start": "2026-01-01T00:00:00",
+                                              "AdminComment": comment})
+
+
+class Dbd:
+    """slurmdbd: ``finished`` jobs have their end recorded; writes are remembered."""
+
+    def __init__(self, finished: set[int] | None = None, *, refuse: set[int] | None = None,
+                 down: bool = False) -> None:
+        self.finished = set() if finished is None else finished
+        self.refuse = refuse or set()
+        self.down = down
+        self.comments: dict[int, str] = {}
+        self.sacct_calls: list[list[int]] = []
+        self.writes: list[int] = []
+
+    def accounting(self, job_ids: list[int]) -> list[AccountingRecord]:
+        self.sacct_calls.append([int(j) for j in job_ids])
+        if self.down:
+            raise SlurmError("sacct: slurmdbd not responding")
+        out = []
+        for j in map(int, job_ids):
+            if j in self.finished:
+                out.append(_rec(j, comment=self.comments.get(j, "")))
+            else:
+                out.append(_rec(j, state="RUNNING", end="Unknown",
+                                comment=self.comments.get(j, "")))
+        return out
+
+    def set_admin_comment_finished(self, job_id: int, value: str) -> None:
+        self.writes.append(int(job_id))
+        if int(job_id) in self.refuse:
+            raise SlurmError("sacctmgr: job not found")
+        self.comments[int(job_id)] = value.lower()
+
+
+def _put(spool: Path, job: int, text: str = "cl1:rec") -> Path:
+    p = record_writer.spool_path(str(spool), job)
+    p.write_text(text)
+    return p
+
+
+# --------------------------------------------------- one writer per node ---
+
+
+def test_no_second_writer_while_one_holds_the_lock(spool: Path, monkeypatch) -> None:
+    """50 epilogs while a writer runs start no process; the first after it ends does."""
+    started: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(record_writer, "spawn_module", lambda *a: started.append(a))
+    held = record_writer.try_lock(spool)
+    assert held is not None
+    try:
+        for job in range(50):
+            record_writer.spawn(job, _put(spool, job), {"PATH": "/bin"})
+        assert started == []
+    finally:
+        os.close(held)
+    record_writer.spawn(50, _put(spool, 50), {"PATH": "/bin"})
+    assert len(started) == 1
+    module, args, _ = started[0]
+    assert module == "slurm_colloc.node.record_writer" and args == ("50", str(spool / "50.adminc"))
+
+
+def test_the_lock_is_roots_and_never_followed(spool: Path, tmp_path: Path) -> None:
+    fd = record_writer.try_lock(spool)
+    assert fd is not None
+    os.close(fd)
+    st = os.lstat(spool / record_writer.LOCK_NAME)
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    target = tmp_path / "target"
+    target.write_text("")
+    (other / record_writer.LOCK_NAME).symlink_to(target)
+    assert record_writer.try_lock(other) is None  # a link: refused, not followed
+
+
+def test_a_second_writer_exits_at_once(spool: Path, clock: FakeClock) -> None:
+    held = record_writer.try_lock(spool)
+    assert held is not None
+    try:
+        _put(spool, 1)
+        dbd = Dbd({1})
+        assert record_writer.run_writer(spool, dbd, _log()) == 0
+        assert dbd.sacct_calls == [] and (spool / "1.adminc").exists()
+    finally:
+        os.close(held)
+
+
+# ------------------------------------------------------------- draining ---
+
+
+def _log() -> Any:
+    """``log_for(job)``: a logger for messages about one job."""
+    import logging
+
+    return lambda job: logging.LoggerAdapter(logging.getLogger("test.record-writer"), {})
+
+
+def test_drains_every_pending_record_with_one_sacct_per_round(spool: Path,
+                                                              clock: FakeClock) -> None:
+    for job in (11, 12, 13):
+        _put(spool, job, f"cl1:rec{job}")
+    dbd = Dbd({11, 12, 13})
+    assert record_writer.run_writer(spool, dbd, _log()) == 3
+    assert sorted(dbd.comments) == [11, 12, 13] and dbd.comments[12] == "cl1:rec12"
+    assert not list(spool.glob("*.adminc"))
+    # one sacct for the three states, then one read-back per write
+    assert sorted(dbd.sacct_calls[0]) == [11, 12, 13]
+    assert len(dbd.sacct_calls) == 1 + 3
+
+
+def test_waits_for_the_end_with_backoff_then_writes_anyway(spool: Path,
+                                                           clock: FakeClock) -> None:
+    """A job slurmdbd never shows finished is written after the bounded wait; the
+    pauses grow (no poll every second) up to the cap."""
+    _put(spool, 21)
+    dbd = Dbd(set())
+    assert record_writer.run_writer(spool, dbd, _log()) == 1
+    assert dbd.writes == [21]
+    assert clock.sleeps[:4] == [1.0, 2.0, 4.0, 8.0]
+    assert max(clock.sleeps) <= record_writer.MAX_PAUSE_S
+    assert clock.t - 1000.0 >= record_writer.WAIT_S
+    assert len(dbd.sacct_calls) < 20  # not 120 polls
+
+
+def test_a_refused_record_is_given_up_and_the_writer_ends(spool: Path, clock: FakeClock) -> None:
+    _put(spool, 31)
+    _put(spool, 32)
+    dbd = Dbd({31, 32}, refuse={31})
+    assert record_writer.run_writer(spool, dbd, _log()) == 1
+    assert dbd.writes.count(31) == record_writer.TRIES
+    assert (spool / "31.adminc.failed").read_text() == "cl1:rec"  # left for an admin
+    assert not (spool / "31.adminc").exists() and not (spool / "32.adminc").exists()
+
+
+def test_slurmdbd_down_is_bounded(spool: Path, clock: FakeClock) -> None:
+    _put(spool, 41)
+    dbd = Dbd({41}, down=True)
+    record_writer.run_writer(spool, dbd, _log())
+    assert (spool / "41.adminc.failed").exists()
+    assert clock.t - 1000.0 < record_writer.WAIT_S + record_writer.TRIES * (
+        record_writer.MAX_PAUSE_S + 1) * 2
+
+
+def test_a_record_spooled_while_the_writer_ends_is_not_orphaned(spool: Path, clock: FakeClock,
+                                                                 monkeypatch) -> None:
+    """The writer releases its lock, then looks again: a record an epilog left
+    meanwhile (it saw the lock held and started nobody) is still written."""
+    _put(spool, 51)
+    real = record_writer.drain
+    rounds: list[int] = []
+
+    def drain_then_spool(*a: Any, **k: Any) -> int:
+        n = real(*a, **k)
+        rounds.append(n)
+        if len(rounds) == 1:
+            _put(spool, 52)  # arrives as the first drain finishes
+        return n
+
+    monkeypatch.setattr(record_writer, "drain", drain_then_spool)
+    dbd = Dbd({51, 52})
+    assert record_writer.run_writer(spool, dbd, _log()) == 2
+    assert sorted(dbd.comments) == [51, 52] and rounds == [1, 1]
+
+
+def test_spool_entries_are_read_bounded_and_never_through_a_link(spool: Path, tmp_path: Path,
+                                                                 clock: FakeClock) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret")
+    (spool / "61.adminc").symlink_to(secret)
+    _put(spool, 62, "a" * 70000)
+    (spool / "not-a-job.adminc").write_text("x")
+    dbd = Dbd({61, 62})
+    record_writer.run_writer(spool, dbd, _log())
+    assert 61 not in dbd.comments
+    assert len(dbd.comments[62]) == 65536
+
+
+def test_pending_is_bounded(spool: Path, monkeypatch) -> None:
+    monkeypatch.setattr(record_writer, "BATCH", 5)
+    for job in range(20):
+        _put(spool, job)
+    assert len(record_writer.pending(spool)) == 5
+
+
+def test_lock_probe_does_not_block_a_writer(spool: Path) -> None:
+    """The epilog's probe is a non-blocking flock released at once."""
+    assert not record_writer.writer_running(spool)
+    fd = os.open(spool / record_writer.LOCK_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the probe
+        assert record_writer.writer_running(spool)
+    finally:
+        os.close(fd)
