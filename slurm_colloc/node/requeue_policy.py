@@ -89,10 +89,11 @@ def decide(
     cause.
 
     ``culprit``: the collector saw a co-tenant over its allocation on this GPU during
-    the attempt (:func:`culprit_reason` text; a co-tenant only outside MPS, within its
-    allocation, is never one: :func:`slurm_colloc.metrics.enforce.culprits_on_gpu`). A shared job's GPU OOM is
-    then the co-tenant's doing: the victim is requeued with the same request, not
-    moved to a whole GPU (that would reward the offender with the GPU it took).
+    the attempt (:func:`culprit_reason` text; a co-tenant only outside MPS, within
+    its allocation, is never one: :func:`~slurm_colloc.metrics.enforce.culprits_on_gpu`).
+    A shared job's GPU OOM is then the co-tenant's doing: the victim is requeued with
+    the same request, not moved to a whole GPU (that would reward the offender with the
+    GPU it took).
     """
     refusal = _refusal(cause=cause, shards=shards, shards_per_gpu=shards_per_gpu,
                        restarts=restarts, cfg=cfg, colloc_placed=colloc_placed)
