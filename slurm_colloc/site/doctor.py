@@ -422,7 +422,8 @@ def check_node(cfg: CollocConfig, slurm_conf: Path | None = None,
     scripts slurm.conf points at (they must exist here: slurmd runs them as root with
     no PATH), ``PrologFlags`` (Alloc: the prolog runs at allocation), ``mps_root``
     (root's own directory, never a symlink or someone else's: root writes MPS state
-    there), the other state directories (:func:`check_dirs`), DCGM
+    there), the other state directories (:func:`check_dirs`), the collector that
+    enforces limits (:func:`~slurm_colloc.site.doctor_collector.check_collector`), DCGM
     (:func:`check_dcgm`), container runtimes (:func:`check_containers`) and the
     installed programs' version (:func:`check_scripts`). On a host without GPUs
     (controller, login host) only the last runs, after one line saying so.
@@ -432,10 +433,12 @@ def check_node(cfg: CollocConfig, slurm_conf: Path | None = None,
                         "(controller or login host; on a GPU node the NVIDIA driver is not "
                         "loaded): MPS control, node scripts, PrologFlags, state directories, "
                         "DCGM, containers"), *check_scripts(None)]
+    from slurm_colloc.site.doctor_collector import check_collector
+
     return [
         check_mps_control(cfg), *check_wiring(slurm_conf), check_mps_root(cfg),
-        *check_dirs(cfg), *check_dcgm(cfg), *check_containers(cfg, slurm_conf),
-        *check_scripts(slurm_conf),
+        *check_dirs(cfg), *check_collector(cfg), *check_dcgm(cfg),
+        *check_containers(cfg, slurm_conf), *check_scripts(slurm_conf),
     ]
 
 
