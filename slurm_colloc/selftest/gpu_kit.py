@@ -223,6 +223,13 @@ def _lazy_mps_detect(binary: str) -> Any:
     return v3.detect(binary)
 
 
+def _lazy_python_trust(python: str) -> str | None:
+    """:func:`slurm_colloc.selftest.trust.untrusted_interpreter`."""
+    from slurm_colloc.selftest.trust import untrusted_interpreter
+
+    return untrusted_interpreter(python)
+
+
 @dataclass
 class KitDeps:
     """Everything the kit touches; the tests hand in fakes."""
@@ -240,6 +247,8 @@ class KitDeps:
     cgroup_v2: Callable[[], bool]
     hostname: Callable[[], str]
     mps_detect: Callable[[str], Any] = _lazy_mps_detect
+    python_trust: Callable[[str], str | None] = _lazy_python_trust
+    """Why root must not run ``--python`` (None: it may): selftest/trust.py."""
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
 
@@ -525,6 +534,10 @@ class GpuKit:
             raise Refusal("colloc selftest --gpu must run as root: the prolog starts MPS "
                           "daemons as root and the clients run as other users "
                           "(sudo colloc selftest --gpu)")
+        untrusted = self.d.python_trust(self.o.python)
+        if untrusted is not None:
+            raise Refusal(f"--python {self.o.python}: root does not run it: {untrusted} "
+                          "(use an interpreter and environment only root can change)")
         probe = self.d.clients.probe(self.o.python, str(CLIENT_SCRIPT))
         self.env["torch"] = probe
         if not probe.get("torch"):

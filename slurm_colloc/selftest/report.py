@@ -7,8 +7,10 @@ simulation without another session on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,8 +55,22 @@ def render(res: KitResult, console: Console, json_path: Path | None) -> None:
 
 
 def write_json(res: KitResult, path: Path) -> None:
-    """Written atomically, 0644: it holds no secret and the admin mails it on."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_json(res), indent=2, sort_keys=False, default=str) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Written atomically, 0644: it holds no secret and the admin mails it on.
+
+    The kit runs as root, often in a directory someone else can write (issue 23): the
+    temporary file is a new one (``mkstemp``: ``O_CREAT | O_EXCL``, a random name, so a
+    planted name or link is never opened), and the rename replaces whatever is at
+    ``path`` (a link included) instead of writing through it. On failure nothing of
+    ours is left.
+    """
+    data = (json.dumps(to_json(res), indent=2, sort_keys=False, default=str) + "\n").encode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

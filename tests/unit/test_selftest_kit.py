@@ -423,6 +423,7 @@ def rig(tmp_path: Path, *, world: World | None = None, root: bool = True,
         node_factory=node, procs=FakeProcs(w), workdir_factory=workdir,
         cleanup_workdir=removed.append, is_root=lambda: root, cgroup_v2=lambda: True,
         hostname=lambda: "gpu-node-7", mps_detect=lambda binary: _Cap("v2"),
+        python_trust=lambda python: None,  # test_selftest_safety.py checks the real one
         clock=Tick(), sleep=lambda s: None,
     )
     return Rig(w, deps, runner, commands, users, nodes, workdirs, removed)
