@@ -151,8 +151,27 @@ class Supervisor:
                 if since < liveness.ALIVE_EVERY_S:
                     self.event(liveness.ALIVE, proc.pid)
 
+    def close_previous(self) -> None:
+        """A collector before us that ended without a word (its supervisor was killed,
+        the node went down): record its end at its last completed sample, so the gap
+        until now reads as what it was, unenforced time."""
+        events = liveness.read_events(self.metrics_dir)
+        if not events or events[-1].kind not in (liveness.UP, liveness.ALIVE):
+            return
+        last = events[-1]
+        age = liveness.heartbeat_age(self.metrics_dir, self.clock())
+        t = max(last.t, self.clock() - age) if age is not None else last.t
+        log.error("the previous collector (worker %d) ended without a stop; no enforcement "
+                  "since %s", last.pid, time.strftime("%H:%M:%S", time.localtime(t)))
+        try:
+            liveness.append_event(self.metrics_dir, liveness.DOWN, last.pid,
+                                  "gone without a stop (killed, or the node went down)", now=t)
+        except OSError as e:
+            log.warning("collector events file: %s", e)
+
     def run(self) -> int:
         """The supervision loop (the caller holds the lock); 0 on a clean end."""
+        self.close_previous()
         failures = 0
         while not self.stopping:
             take_crash(self.metrics_dir)  # a stale one is not this worker's

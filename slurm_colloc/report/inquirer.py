@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from slurm_colloc.metrics import store
+from slurm_colloc.metrics import liveness, store
 from slurm_colloc.slurm.adapter import (
     AccountingRecord,
     SlurmAdapter,
@@ -235,6 +235,11 @@ class Inquirer(abc.ABC):
         """Whether an attempt's evidence file is readable from this host."""
         return check_evidence(path)
 
+    def collector_gaps(self, job_id: str, start: float,
+                       end: float | None) -> list[tuple[float, float]] | None:
+        """Spans of ``[start, end]`` the job's node ran no collector (None: unknown)."""
+        return None
+
 
 class SlurmInquirer(Inquirer):
     """sacct/scontrol through the Slurm adapter, plus the local metrics store."""
@@ -309,6 +314,18 @@ class SlurmInquirer(Inquirer):
         if not path.exists():
             return None
         return store.read_series(self.metrics_dir, job_id, attempt)
+
+    def collector_gaps(self, job_id: str, start: float,
+                       end: float | None) -> list[tuple[float, float]] | None:
+        # the node's own record, only where the job ran (its directory is here)
+        if self.metrics_dir is None:
+            return None
+        try:
+            if not store.job_dir(self.metrics_dir, job_id).is_dir():
+                return None
+        except (ValueError, OSError):
+            return None
+        return liveness.gaps(liveness.read_events(self.metrics_dir), start, end)
 
     def metas(self, job_id: str) -> dict[int, store.JobMeta]:
         if self.metrics_dir is None:

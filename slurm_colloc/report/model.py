@@ -72,6 +72,10 @@ class AttemptView:
     series_points: list[list[float | int | None]] = field(default_factory=list)
     """The plotted points: [seconds since the attempt's start, memory MiB (max),
     activity % (SM activity, or utilisation when ``sm_source`` says so) or None]."""
+    unenforced: list[list[float]] | None = None
+    """Spans [from, to] (epoch seconds) in which the attempt ran with no collector on
+    its node: limits not enforced, nothing sampled. None: not known on this host (the
+    node's record is read where the node's ``metrics_dir`` is); [] none found."""
 
     @property
     def series_label(self) -> str:
@@ -376,4 +380,7 @@ def _attach_series(raw: str, attempts: list[Attempt], views: list[AttemptView],
             v.series_points = _points(rs, 0.0)
         if v.oom is not None:
             _evidence(v.oom, v.node, inquirer)
+        if v.start is not None:
+            found = inquirer.collector_gaps(raw, v.start, v.end)
+            v.unenforced = None if found is None else [[a, b] for a, b in found]
     return series

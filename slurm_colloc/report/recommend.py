@@ -81,6 +81,8 @@ def _attempt_notes(rep: JobReport, a: AttemptView) -> list[str]:
     if a.co_tenants:
         notes.append(f"Attempt {a.attempt} shared GPU {a.gpu} with job(s) "
                      f"{', '.join(a.co_tenants)}.")
+    if a.unenforced:
+        notes.append(_unenforced_note(a))
     if a.samples == 0 and not rep.running:
         notes.append(f"Attempt {a.attempt}: no GPU samples (sidecar not running, or the "
                      "job did not use the GPU).")
@@ -88,6 +90,21 @@ def _attempt_notes(rep: JobReport, a: AttemptView) -> list[str]:
         notes.append(f"Attempt {a.attempt}: SM activity not measured (no DCGM); "
                      "GPU utilization shown instead, which overstates real use.")
     return notes
+
+
+def _unenforced_note(a: AttemptView) -> str:
+    """When the attempt ran with no collector on its node (no limit enforced)."""
+    import time
+
+    from slurm_colloc.report.fmt import hms
+
+    spans = a.unenforced or []
+    total = sum(b - f for f, b in spans)
+    first = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(spans[0][0]))
+    more = f" in {len(spans)} spans" if len(spans) > 1 else ""
+    return (f"Attempt {a.attempt} ran {hms(total)} without the node's collector{more}, "
+            f"from {first}: GPU memory limits were not enforced and nothing was sampled "
+            "then (the collector had died or stopped; see `colloc doctor` on the node).")
 
 
 def _fatal_cuda(rep: JobReport, notes: list[str], advice: list[str]) -> None:

@@ -142,3 +142,21 @@ def test_a_worker_exception_is_logged_with_its_traceback(tmp_path: Path) -> None
     down = next(e for e in liveness.read_events(metrics) if e.kind == "down")
     assert down.detail.startswith("exit 1: "), down
     assert "collector worker failed" in logf.read_text() and "Traceback" in logf.read_text()
+
+
+def test_a_collector_gone_without_a_word_is_closed_by_the_next(tmp_path: Path) -> None:
+    """Its supervisor was SIGKILLed: the next one records the end at the last sample."""
+    metrics = tmp_path / "metrics"
+    hb = liveness.Heartbeat(metrics)
+    hb.beat()
+    hb.close()
+    beat = os.stat(metrics / liveness.PRIVATE_DIR / liveness.HEARTBEAT).st_mtime
+    liveness.append_event(metrics, liveness.UP, 11, now=beat - 40)
+    liveness.append_event(metrics, liveness.ALIVE, 11, now=beat - 10)
+    sup = Supervisor(str(metrics), [sys.executable, "-c", "pass"], poll_s=0.05)
+    assert sup.run() == 0
+    ev = liveness.read_events(metrics)
+    assert [e.kind for e in ev] == ["up", "alive", "down", "up", "stop"]
+    assert abs(ev[2].t - beat) < 0.2 and "without a stop" in ev[2].detail
+    gap = liveness.gaps(ev, beat - 40, ev[3].t + 1, now=ev[3].t + 1)
+    assert gap is not None and (not gap or gap[0][0] == ev[2].t)
