@@ -85,6 +85,38 @@ def _runs_program(pid: int, binary: str) -> bool:
     return any(os.path.realpath(a.decode("utf-8", "replace")) == want for a in argv[:2] if a)
 
 
+def readback(line: str) -> tuple[str, str, str]:
+    """The ``get_*`` command that reads back what the ``set_*`` ``line`` sets.
+
+    (getter, expected value, kind: ``size`` or ``pct``). Raises
+    :class:`MpsControlError` for a line that cannot be verified.
+    """
+    words = line.split()
+    cmd, args = (words[0], words[1:]) if words else ("", [])
+    if cmd == "set_default_device_pinned_mem_limit" and len(args) == 2:
+        return f"get_default_device_pinned_mem_limit {args[0]}", args[1], "size"
+    if cmd == "set_device_pinned_mem_limit" and len(args) == 3:
+        return f"get_device_pinned_mem_limit {args[0]} {args[1]}", args[2], "size"
+    if cmd == "set_default_active_thread_percentage" and len(args) == 1:
+        return "get_default_active_thread_percentage", args[0], "pct"
+    if cmd == "set_active_thread_percentage" and len(args) == 2:
+        return f"get_active_thread_percentage {args[0]}", args[1], "pct"
+    raise MpsControlError(f"{line!r} cannot be verified: not sent")
+
+
+def _same_value(kind: str, got: str, want: str) -> bool:
+    """A read-back value (``4G``, ``4096M``, ``50.0``) equals the one set."""
+    from slurm_colloc.units import SizeError, parse_size_mib
+
+    token = got.split()[-1] if got.split() else ""
+    try:
+        if kind == "size":
+            return parse_size_mib(token) == parse_size_mib(want)
+        return abs(float(token) - float(want)) < 0.01
+    except (SizeError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class DaemonIdentity(procfs.Process):
     """Who root started: checked against /proc before any signal (:meth:`signal`)."""
@@ -288,12 +320,11 @@ class MpsDaemon:
             raise MpsControlError(f"{self.binary}: {'; '.join(lines)}: {cp.stderr.strip()[:500]}")
         return cp.stdout[:65536]
 
-    def set_checked(self, *lines: str, timeout: float = 10) -> None:
-        """Send ``set_*``/``shutdown_*`` commands; any reply at all is an error.
+    def _send_silent(self, *lines: str, timeout: float = 10) -> None:
+        """Send commands that print nothing when carried out; any reply is an error.
 
         The control program prints nothing for a command it carried out and a message
-        for one it refused (bad value, unknown server pid, not permitted). A refused
-        limit must not go unnoticed: the job would run without the cap it was promised.
+        for one it refused (bad value, unknown server pid, not permitted).
         """
         out = self.command(*lines, timeout=timeout).strip()
         if out:
@@ -301,6 +332,25 @@ class MpsDaemon:
                 f"MPS control daemon (GPU {self.gpu}) refused {'; '.join(lines)!r}: "
                 f"{out[:300]}"
             )
+
+    def set_checked(self, *lines: str, timeout: float = 10) -> None:
+        """Send ``set_*`` commands, then read each value back: silence is not success.
+
+        A refused limit must not go unnoticed (the job would run without the cap it
+        was promised), and neither must one that was taken silently but not applied
+        (another daemon version, a command the program ignores): every line is read
+        back with its ``get_*`` twin (:func:`readback`) and compared. A line that
+        has no twin cannot be verified and is refused before anything is sent.
+        """
+        checks = [readback(ln) for ln in lines]
+        self._send_silent(*lines, timeout=timeout)
+        for line, (getter, want, kind) in zip(lines, checks, strict=True):
+            got = self.command(getter, timeout=timeout).strip()
+            if not _same_value(kind, got, want):
+                raise MpsControlError(
+                    f"MPS control daemon (GPU {self.gpu}) did not take {line!r}: "
+                    f"{getter} reads {got[:100]!r}"
+                )
 
     def set_defaults(self, limit_mib: int | None, thread_pct: int) -> None:
         """Default pinned memory limit (device 0 = the one visible GPU) and SM share."""
@@ -362,9 +412,9 @@ class MpsDaemon:
         servers = self._servers(ident.pid)
         deadline = time.monotonic() + timeout
         if servers:
-            with contextlib.suppress(MpsControlError):
-                self.set_checked(*(f"shutdown_server {s.pid} -f" for s in servers),
-                                 timeout=timeout)
+            with contextlib.suppress(MpsControlError):  # verified below, in /proc
+                self._send_silent(*(f"shutdown_server {s.pid} -f" for s in servers),
+                                  timeout=timeout)
             while time.monotonic() < deadline and any(s.matches() for s in servers):
                 time.sleep(0.05)
         try:

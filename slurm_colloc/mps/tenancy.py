@@ -3,8 +3,10 @@
 ::
 
     mps_root/                       root 0755
-      jobs/<jobid>.env              root:gid 0640  what the TaskProlog exports
+      jobs/<jobid>.env              uid 0400  what the TaskProlog (the job's user) exports
       ctx/<jobid>.json              root 0600  the prolog's job context, for the epilog
+      ctx/<jobid>.env               root 0600  root's copy of the above (limits root sums)
+      quarantine/                   root 0700  retired pipe dirs, until purged
       gpu<i>/lock                   root 0600  flock: one prolog/epilog per GPU at a time
       gpu<i>/uid<u>/daemon.json     root 0600  the daemon's identity (pid, start time)
       gpu<i>/uid<u>/pipe/           user 0700  the daemon's pipe dir (only u can connect)
@@ -25,6 +27,13 @@ docs/node.md), while each user's own jobs share SMs through one MPS server.
 The pipe directory is created root-owned, the daemon started, and only then handed
 to the user: the root daemon never writes into a directory a user could have
 prepared with symlinks.
+
+The pipe directory is the one user-writable tree under ``mps_root``. It is retired
+(:meth:`Tenancy.retire_pipe_dir`: one ``rename`` into the root-only quarantine, under
+the GPU lock) when the user's last job on that GPU ends and before it is made anew,
+and the quarantine is purged outside the lock with a bounded, non-following,
+iterative walk (:mod:`slurm_colloc.safe_tree`): nothing the user planted survives,
+and no tree the user built can stop or stall a prolog.
 """
 
 from __future__ import annotations
@@ -32,12 +41,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_colloc import safe_tree
 
 LOCK_TIMEOUT_S = 60.0
 """Longest a prolog/epilog waits for a GPU's lock; every holder's work is bounded
@@ -137,6 +147,14 @@ class Tenancy:
     def job_context_file(self, job_id: int) -> Path:
         return self.root / "ctx" / f"{job_id}.json"
 
+    def job_limits_file(self, job_id: int) -> Path:
+        """Root's own copy of the job's env file: the one root reads back."""
+        return self.root / "ctx" / f"{job_id}.env"
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.root / "quarantine"
+
     def daemon_state(self, gpu: int, uid: int) -> Path:
         return self.user_dir(gpu, uid) / "daemon.json"
 
@@ -161,18 +179,57 @@ class Tenancy:
             yield
 
     def prepare_user_dirs(self, gpu: int, uid: int) -> tuple[Path, Path]:
-        """Fresh root-owned pipe dir (0700) and log dir for a daemon about to start."""
+        """Fresh root-owned pipe dir (0700) and log dir for a daemon about to start.
+
+        Under the GPU lock: whatever the old pipe dir holds is only renamed into the
+        quarantine (O(1)); the caller purges it after the lock (:meth:`purge_quarantine`).
+        """
         ensure_root_dir(self.user_dir(gpu, uid))
-        pipe = self.pipe_dir(gpu, uid)
-        if pipe.is_symlink() or pipe.exists():
-            shutil.rmtree(pipe) if pipe.is_dir() and not pipe.is_symlink() else pipe.unlink()
-        ensure_root_dir(pipe, 0o700)
+        self.retire_pipe_dir(gpu, uid)
+        pipe = ensure_root_dir(self.pipe_dir(gpu, uid), 0o700)
         private = private_group(uid)
         log = ensure_root_dir(self.log_dir(gpu, uid), 0o750 if private is not None else 0o700)
         if private is not None:
             os.chown(log, os.geteuid(), private, follow_symlinks=False)
         ensure_root_dir(self.user_dir(gpu, uid) / "jobs")
         return pipe, log
+
+    def retire_pipe_dir(self, gpu: int, uid: int) -> bool:
+        """Move the (GPU, user) pipe dir, whatever it holds, into root's quarantine.
+
+        One ``rename`` (never a walk: safe under the GPU lock); the user can reach
+        nothing in it afterwards. Call when the user's daemon on that GPU is stopped.
+        True when there was something to move.
+        """
+        pipe = self.pipe_dir(gpu, uid)
+        if not os.path.lexists(pipe):
+            return False
+        ensure_root_dir(self.root)
+        try:
+            return safe_tree.quarantine(pipe, self.quarantine_dir,
+                                        f"pipe-gpu{gpu}-uid{uid}") is not None
+        except (OSError, safe_tree.UnsafeTree) as e:
+            raise TenancyError(f"{pipe} could not be retired: {e}") from e
+
+    def purge_quarantine(self, max_entries: int = safe_tree.MAX_ENTRIES,
+                         max_seconds: float = safe_tree.MAX_SECONDS) -> safe_tree.Purge:
+        """Remove retired pipe dirs, bounded; never under a GPU lock; never raises.
+
+        What one pass leaves is finished by a detached purger (one at a time).
+        """
+        if not os.path.lexists(self.quarantine_dir):
+            return safe_tree.Purge()
+        try:
+            done = safe_tree.purge(self.quarantine_dir, max_entries=max_entries,
+                                   max_seconds=max_seconds)
+        except (OSError, safe_tree.UnsafeTree) as e:
+            return safe_tree.Purge(left=True, errors=[f"{self.quarantine_dir}: {e}"])
+        if done.left and not done.busy:
+            try:
+                safe_tree.spawn(self.quarantine_dir)
+            except OSError as e:
+                done.note(f"detached purge not started: {e}")
+        return done
 
     def hand_pipe_dir_to(self, gpu: int, uid: int, gid: int) -> None:
         """After the daemon made its socket: let the job's user (only) reach it.
@@ -224,7 +281,7 @@ class Tenancy:
             marker.unlink(missing_ok=True)
             self.clear_absent(gpu, uid, job_id)
             used.append((gpu, uid))
-        self.job_env_file(job_id).unlink(missing_ok=True)
+        self.forget_job_env(job_id)
         return used
 
     def jobs_of(self, gpu: int, uid: int) -> list[int]:
@@ -247,15 +304,39 @@ class Tenancy:
                 out.setdefault(int(marker.name), []).append((gpu, uid))
         return out
 
-    def write_job_env(self, job_id: int, values: dict[str, str], gid: int = 0) -> None:
-        """What the TaskProlog (running as the user) exports into the job's tasks.
+    def write_job_env(self, job_id: int, values: dict[str, str], uid: int = 0,
+                      gid: int = 0) -> None:
+        """What the TaskProlog (running as the job's user) exports into its tasks.
 
-        root:gid 0640: the job's user (through its primary group) reads it; other
-        users do not learn each other's pipe directories and limits.
+        ``jobs/<id>.env`` is the user's (uid:gid 0400): only the job's owner (and root)
+        reads it, not the owner's group, nor other users, who would learn each other's
+        pipe directories and limits. Being the user's, it may be rewritten by the user,
+        so root never reads it back: root keeps its own copy (:meth:`job_limits_file`,
+        root 0600) for the sums it makes (``user_total_mib``).
         """
         ensure_root_dir(self.root / "jobs")
+        ensure_root_dir(self.root / "ctx", 0o700)
         text = "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
-        _write_root_file(self.job_env_file(job_id), text, 0o640, gid)
+        _write_root_file(self.job_limits_file(job_id), text, 0o600, 0)
+        _write_root_file(self.job_env_file(job_id), text, 0o400, gid, uid)
+
+    def read_job_limits(self, job_id: int) -> str | None:
+        """Root's copy of the job's env values (or, from a version that kept only the
+        shared file, that file while it is still root's); None when there is none."""
+        from slurm_colloc.mps.control import read_small_file
+
+        for path in (self.job_limits_file(job_id), self.job_env_file(job_id)):
+            try:
+                return read_small_file(path, owner=os.geteuid(), limit=8192)
+            except OSError:
+                continue
+        return None
+
+    def forget_job_env(self, job_id: int) -> None:
+        """Remove both env files of the job (by name: the user cannot swap ours)."""
+        for path in (self.job_env_file(job_id), self.job_limits_file(job_id)):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def write_job_context(self, job_id: int, text: str) -> None:
         """The prolog's job context for the epilog (root 0600)."""
@@ -276,13 +357,18 @@ class Tenancy:
             self.job_context_file(job_id).unlink()
 
 
-def _write_root_file(path: Path, text: str, mode: int, gid: int) -> None:
-    """Atomic write with an explicit mode and group (umask-proof, no link followed)."""
+def _write_root_file(path: Path, text: str, mode: int, gid: int, uid: int | None = None) -> None:
+    """Atomic write with an explicit mode, owner and group (umask-proof, no link followed).
+
+    ``uid``: the file's owner (default: root). The temporary file is made in root's
+    directory and only then given away: the new owner never sees a half-written file.
+    """
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-        os.fchown(f.fileno(), os.geteuid(), gid)
-        os.fchmod(f.fileno(), mode)
         f.write(text)
+        f.flush()
+        os.fchmod(f.fileno(), mode)
+        os.fchown(f.fileno(), os.geteuid() if uid is None else uid, gid)
     os.replace(tmp, path)

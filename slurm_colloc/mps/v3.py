@@ -118,6 +118,13 @@ MAX_OUTPUT = 64 * 1024
 NAME_RE = re.compile(r"[a-z0-9_]{1,64}")
 UUID_RE = re.compile(r"GPU-[0-9A-Za-z-]{1,80}")
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+DAEMON_UMASK = 0o077
+"""The daemon (and every command) runs with a private umask: what it makes (its logs,
+pid file, sockets, server and namespace directories) is root's alone unless root
+opens it on purpose. What users must reach is set explicitly: the directories on
+the way to a job's namespace socket 0755 and that socket the job user's 0600
+(:meth:`MpsV3Node._hand_socket`); the pipe directory itself is made 0755 by root."""
+ROUTE_DIR_MODE = 0o755
 
 
 class MpsV3Error(RuntimeError):
@@ -155,7 +162,7 @@ def run_bounded(argv: list[str], env: Mapping[str, str], timeout: float,
     """
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=dict(env), cwd="/", close_fds=True, umask=0o022,
+        env=dict(env), cwd="/", close_fds=True, umask=DAEMON_UMASK,
     )
     assert proc.stdout is not None and proc.stderr is not None
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
@@ -644,13 +651,17 @@ class MpsV3Node:
 
         Walked from the pipe directory through directories only root can write, with
         ``O_NOFOLLOW``; only the daemon's own socket (root's or, on a repeat, already
-        the user's; one link) is changed. The directory stays root's.
+        the user's; one link) is changed. The directories stay root's; they are made
+        0755 (the daemon made them under umask 077), so that the user can reach the
+        socket.
         """
         with _root_dir_fd(self.pipe_dir) as top:
             sfd = _open_subdir(top, server, f"{self.pipe_dir}/{server}")
             try:
+                os.fchmod(sfd, ROUTE_DIR_MODE)  # the daemon's umask is 077: open the way
                 nfd = _open_subdir(sfd, ns, f"{self.pipe_dir}/{server}/{ns}")
                 try:
+                    os.fchmod(nfd, ROUTE_DIR_MODE)
                     st = os.stat(CONTROL, dir_fd=nfd, follow_symlinks=False)
                     if (not stat.S_ISSOCK(st.st_mode) or st.st_nlink != 1
                             or st.st_uid not in (os.geteuid(), uid)):

@@ -98,17 +98,23 @@ def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
     tenancy = Tenancy(Path(cfg.mps_root))
     release_v3(job_id, cfg, tenancy, result)
     gpus = sorted({g for g, _ in tenancy.all_jobs().get(job_id, [])})
-    for gpu in gpus:
-        with tenancy.locked(gpu):
-            for g, uid in tenancy.remove_job(job_id):
-                result.released.append((g, uid))
-            for uid in tenancy.users_on(gpu):
-                if not tenancy.jobs_of(gpu, uid):
-                    d = daemon_for(cfg, tenancy, gpu, uid)
-                    if d.identity() is not None:
-                        d.stop()
-                        result.stopped_daemons.append((gpu, uid))
-    tenancy.job_env_file(job_id).unlink(missing_ok=True)
+    try:
+        for gpu in gpus:
+            with tenancy.locked(gpu):
+                for g, uid in tenancy.remove_job(job_id):
+                    result.released.append((g, uid))
+                for uid in tenancy.users_on(gpu):
+                    if not tenancy.jobs_of(gpu, uid):
+                        d = daemon_for(cfg, tenancy, gpu, uid)
+                        if d.identity() is not None:
+                            d.stop()
+                            result.stopped_daemons.append((gpu, uid))
+                        # the user's last job here is over: nothing it planted stays
+                        tenancy.retire_pipe_dir(gpu, uid)
+        tenancy.forget_job_env(job_id)
+    finally:
+        done = tenancy.purge_quarantine()  # outside the GPU lock
+        result.errors.extend(f"quarantine: {e}" for e in done.errors[:3])
 
 
 def shards_per_gpu(cfg: CollocConfig, gpu: int | None) -> int:

@@ -97,6 +97,7 @@ def reap_stale(
                 reaped.append(job)
         if not tenancy.jobs_of(gpu, uid):
             daemon_for(cfg, tenancy, gpu, uid).stop()
+            tenancy.retire_pipe_dir(gpu, uid)  # purged by the caller, after the lock
     return reaped
 
 
@@ -109,9 +110,8 @@ def user_total_mib(cfg: CollocConfig, tenancy: Tenancy, gpu: int, uid: int) -> i
     """
     total = 0
     for job in tenancy.jobs_of(gpu, uid):
-        try:
-            text = tenancy.job_env_file(job).read_text()[:8192]
-        except OSError:
+        text = tenancy.read_job_limits(job)  # root's copy: the user's may be rewritten
+        if text is None:
             continue
         values = {}
         for line in text.splitlines():
@@ -143,20 +143,46 @@ def run(
         return PrologDecision("none", detail="no GPU bound to the job")
     tenancy.write_job_context(ctx.job_id, context_to_json(ctx))
     start_metrics(ctx, cfg)
-    if not ctx.is_shared:
-        return _exclusive(ctx, cfg, tenancy, jobs, taken)
+    try:
+        if not ctx.is_shared:
+            return _exclusive(ctx, cfg, tenancy, jobs, taken)
+        return _shared(ctx, cfg, tenancy, jobs, taken)
+    finally:
+        tenancy.purge_quarantine()  # after every GPU lock is released; never raises
+
+
+class MpsSetupError(RuntimeError):
+    """MPS could not be set up for a shared job; the hard limit was still tried."""
+
+
+def _shared(
+    ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy,
+    jobs: Mapping[int, SlurmJob] | None, taken: float | None,
+) -> PrologDecision:
+    """A shard job: MPS (v2 daemon or v3 namespace), then the hard limit, always.
+
+    The hard cgroup limit does not depend on MPS: whatever fails in the MPS set-up
+    (a planted pipe dir, a refused command, a lock timeout), :func:`hard_limit` is
+    still applied before the error goes up (the job then runs without MPS, but not
+    without its cap where the driver has one).
+    """
     gpu = ctx.gpus[0]
     gmap = node_gpu_map(cfg)
     info = gmap.by_slurm_index(gpu)
     limit = ctx.shards * cfg.shard_mib
-    pinned = budget_of(cfg, info).pinned_limit_mib(ctx.shards)
-    gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
-    env = _client_env(ctx, cfg, tenancy, gpu, info.uuid, limit, pinned)
-    if node_protocol(cfg) == 3:
-        env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid, gmap))
-        tenancy.write_job_env(ctx.job_id, env, gid)
-    else:
-        _v2_setup(ctx, cfg, tenancy, jobs, taken, env, gid, info.uuid)
+    try:
+        pinned = budget_of(cfg, info).pinned_limit_mib(ctx.shards)
+        gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
+        env = _client_env(ctx, cfg, tenancy, gpu, info.uuid, limit, pinned)
+        if node_protocol(cfg) == 3:
+            env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid, gmap))
+            tenancy.write_job_env(ctx.job_id, env, ctx.uid, gid)
+        else:
+            _v2_setup(ctx, cfg, tenancy, jobs, taken, env, gid, info.uuid)
+    except Exception as e:
+        hard = hard_limit(ctx, cfg, info.index, limit)
+        raise MpsSetupError(f"MPS not set up ({type(e).__name__}: {e}); "
+                            f"hard limit: {hard}") from e
     hard = hard_limit(ctx, cfg, info.index, limit)
     return PrologDecision(
         "shared", gpu, limit, env["CUDA_MPS_PIPE_DIRECTORY"],
@@ -222,7 +248,7 @@ def _v2_setup(
                 daemon.set_defaults(None, cfg.active_thread_percentage)
             tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
         tenancy.add_job(gpu, ctx.uid, ctx.job_id)
-        tenancy.write_job_env(ctx.job_id, env, gid)
+        tenancy.write_job_env(ctx.job_id, env, ctx.uid, gid)
         # server side: a client that drops its own limit (env -i, --cleanenv) gets
         # its user's total share of this GPU, not the whole GPU (docs/node.md)
         daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))

@@ -263,12 +263,12 @@ def test_state_modes_do_not_depend_on_the_umask(tmp_path: Path) -> None:
     old = os.umask(0o077)
     try:
         t = Tenancy(tmp_path / "deep" / "mps")
-        t.write_job_env(5, {"COLLOC_LIMIT_MIB": "2048"}, gid=1234)
+        t.write_job_env(5, {"COLLOC_LIMIT_MIB": "2048"}, uid=4242, gid=1234)
         t.prepare_user_dirs(0, 4242)
     finally:
         os.umask(old)
-    st = t.job_env_file(5).stat()
-    assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == 1234
+    st = t.job_env_file(5).stat()  # the job's owner's alone (issue 23): not its group's
+    assert stat.S_IMODE(st.st_mode) == 0o400 and st.st_uid == 4242
     assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o755
     assert stat.S_IMODE(t.root.stat().st_mode) == 0o755
     # not world-readable; group-readable only through a group of that user alone
