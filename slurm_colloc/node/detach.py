@@ -32,8 +32,18 @@ def child_argv(module: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-m", module, *args]
 
 
-def spawn_module(module: str, args: Sequence[str], env: Mapping[str, str]) -> None:
-    """Run ``python -I -m module *args`` detached; returns once the helper is started."""
+PASSED_FD = 3
+"""Where the helper finds the descriptor :func:`spawn_module` hands it (``pass_fd``)."""
+
+
+def spawn_module(module: str, args: Sequence[str], env: Mapping[str, str], *,
+                 pass_fd: int | None = None) -> None:
+    """Run ``python -I -m module *args`` detached; returns once the helper is started.
+
+    ``pass_fd``: one descriptor the helper keeps, as :data:`PASSED_FD` (a lock the
+    caller took for it: the lock stays held across the hand-over, issue 23); every
+    other descriptor is closed.
+    """
     argv = child_argv(module, args)
     child_env = scrub_env(env)
     pid = os.fork()
@@ -47,7 +57,9 @@ def spawn_module(module: str, args: Sequence[str], env: Mapping[str, str]) -> No
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        os.closerange(3, 1024)
+        if pass_fd is not None:
+            os.dup2(pass_fd, PASSED_FD)  # inheritable: it survives the exec
+        os.closerange(PASSED_FD if pass_fd is None else PASSED_FD + 1, 1024)
         os.chdir("/")
         os.execve(argv[0], argv, child_env)  # noqa: S606 - argv array, no shell; fixed module
     finally:

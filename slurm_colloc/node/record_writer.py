@@ -18,10 +18,11 @@ hundreds of pollers. Now:
 * the writer holds an exclusive ``flock`` on :data:`LOCK_NAME` (root 0600 in root's
   spool directory, opened ``O_NOFOLLOW``; no user can open it, so no user can hold
   it); a second writer exits at once;
-* the epilog spools first, then starts a writer only when the lock is free
-  (:func:`writer_running`, a non-blocking probe); a writer that finds the spool empty
-  releases the lock and looks once more (:func:`run_writer`), so a record spooled
-  while it was ending is never left without a writer;
+* the epilog spools first, then takes the lock (non-blocking) and hands it to the
+  writer it starts (an inherited descriptor): while one writer runs or starts up no
+  epilog starts another (:func:`spawn`); a writer that finds the spool empty releases
+  the lock and looks once more (:func:`run_writer`), so a record spooled while it was
+  ending is never left without a writer;
 * each round asks slurmdbd once for every pending job (at most :data:`BATCH`), and
   the pause between rounds doubles while nothing can be written, from
   :data:`PAUSE_S` to :data:`MAX_PAUSE_S`;
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_colloc.node.detach import spawn_module
+from slurm_colloc.node.detach import PASSED_FD, spawn_module
 from slurm_colloc.node.logging_setup import node_logger
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmError, by_start
 
@@ -100,43 +101,52 @@ def _open_lock(spool_dir: Path) -> int:
 
 def try_lock(spool_dir: Path) -> int | None:
     """The writer's lock, held (an fd to close to release it), or None when another
-    process holds it or the lock file is not root's."""
-    try:
-        fd = _open_lock(spool_dir)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def writer_running(spool_dir: Path) -> bool:
-    """Whether a writer holds the lock now (a non-blocking probe, released at once)."""
-    try:
-        fd = _open_lock(spool_dir)
-    except OSError:
-        return False  # no usable lock: a writer started now reports why
+    process holds it. OSError when the lock file is not root's (a link, another
+    owner): nothing is locked, the caller reports it."""
+    fd = _open_lock(spool_dir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # releases the probe's lock
-    return False
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> bool:
     """Start the node's writer detached unless one runs; True when one was started.
 
-    Call it after the record is in the spool: a writer that is ending looks at the
-    spool again after releasing its lock."""
-    if writer_running(spool_file.parent):
-        return False
-    spawn_module(MODULE, (str(job_id), str(spool_file)), env)
+    Call it after the record is in the spool. The lock is taken here and handed to
+    the writer (it inherits the descriptor), so no other epilog starts a second one
+    while the first is still starting up (measured: 50 short jobs started 7 writers
+    when each writer took the lock itself). A writer that is ending releases the lock,
+    then looks at the spool once more. Raises OSError when the lock file is not root's.
+    """
+    fd = try_lock(spool_file.parent)
+    if fd is None:
+        return False  # a writer holds it: it drains this record too
+    try:
+        spawn_module(MODULE, (str(job_id), str(spool_file), str(PASSED_FD)), env, pass_fd=fd)
+    finally:
+        os.close(fd)  # the writer's copy keeps the lock
     return True
+
+
+def _adopt_lock(fd: int, spool_dir: Path) -> int | None:
+    """The lock the epilog handed over as ``fd``, verified to be this spool's lock
+    and held; None (and ``fd`` closed) otherwise."""
+    try:
+        st, want = os.fstat(fd), os.stat(spool_dir / LOCK_NAME, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
+            raise OSError("not the spool's lock")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: a no-op
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return None
+    return fd
 
 
 # --------------------------------------------------------------- the spool ---
@@ -274,37 +284,42 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
         time.sleep(delay)
 
 
-def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor) -> int:
+def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
+               held: int | None = None) -> int:
     """Be the node's one writer: lock, drain, release, look again; the number written.
 
+    ``held``: the lock the epilog took and handed over (the first round uses it).
     Returns at once (0) when another writer holds the lock."""
     written = 0
+    fd = held
     while True:
-        fd = None
         for attempt in range(LOCK_TRIES):
-            fd = try_lock(spool_dir)
-            if fd is not None or attempt == LOCK_TRIES - 1:
+            if fd is not None:
                 break
-            time.sleep(0.1)
+            fd = try_lock(spool_dir)
+            if fd is None and attempt < LOCK_TRIES - 1:
+                time.sleep(0.1)
         if fd is None:
             return written  # another writer drains the spool
         try:
             written += drain(adapter, spool_dir, log_for)
         finally:
             os.close(fd)
+            fd = None
         if not pending(spool_dir):
             return written
 
 
 def main() -> int:
-    """Entry: ``python -m slurm_colloc.node.record_writer JOBID SPOOLFILE`` (root).
-
-    Drains SPOOLFILE's directory; JOBID is the job whose epilog started it."""
+    """Entry: ``python -m slurm_colloc.node.record_writer JOBID SPOOLFILE [LOCKFD]``
+    (root). Drains SPOOLFILE's directory; JOBID is the job whose epilog started it;
+    LOCKFD the writer's lock that epilog took and handed over."""
     from slurm_colloc import config as cfgmod
     from slurm_colloc.node.prolog import main_env
     from slurm_colloc.slurm.adapter import SlurmCli
 
     job_id, spool = int(sys.argv[1]), Path(sys.argv[2])
+    handed = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3].isdigit() else None
     log_file = None
     with contextlib.suppress(cfgmod.ConfigError):
         log_file = cfgmod.load().log_file
@@ -313,7 +328,8 @@ def main() -> int:
         return node_logger("record-writer", job, log_file)
 
     try:
-        run_writer(spool.parent, SlurmCli(env=main_env(os.environ), timeout=30), log_for)
+        held = _adopt_lock(handed, spool.parent) if handed is not None else None
+        run_writer(spool.parent, SlurmCli(env=main_env(os.environ), timeout=30), log_for, held)
     except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
         log_for(job_id).error("records not written, left in %s: %s", spool.parent, e)
     return 0

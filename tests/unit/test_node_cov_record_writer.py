@@ -169,11 +169,22 @@ def test_spool_path() -> None:
     assert record_writer.spool_path("/var/spool/colloc", 12) == Path("/var/spool/colloc/12.adminc")
 
 
-def test_spawn_runs_the_module_detached(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spawn_runs_the_module_detached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     seen: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(record_writer, "spawn_module", lambda *a: seen.append(a))
-    record_writer.spawn(9, Path("/s/9.adminc"), {"PATH": "/bin"})
-    assert seen == [("slurm_colloc.node.record_writer", ("9", "/s/9.adminc"), {"PATH": "/bin"})]
+    monkeypatch.setattr(record_writer, "spawn_module",
+                        lambda *a, pass_fd: seen.append((*a, pass_fd)))
+    spool = tmp_path / "9.adminc"
+    assert record_writer.spawn(9, spool, {"PATH": "/bin"})
+    ((module, args, env, fd),) = seen
+    assert (module, args, env) == ("slurm_colloc.node.record_writer",
+                                   ("9", str(spool), "3"), {"PATH": "/bin"})
+    assert isinstance(fd, int)
+
+
+def test_spawn_reports_a_lock_that_is_not_roots(tmp_path: Path) -> None:
+    (tmp_path / record_writer.LOCK_NAME).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        record_writer.spawn(9, tmp_path / "9.adminc", {"PATH": "/bin"})
 
 
 # ------------------------------------------------------------------ main() ---
@@ -213,14 +224,14 @@ def test_main_drains_the_spool_directory(main_env, monkeypatch: pytest.MonkeyPat
     spool, log_file, made = main_env
     got: list[tuple[Any, ...]] = []
 
-    def fake_run(spool_dir: Path, adapter: Any, log_for: Any) -> int:
-        got.append((spool_dir, type(adapter).__name__))
+    def fake_run(spool_dir: Path, adapter: Any, log_for: Any, held: Any) -> int:
+        got.append((spool_dir, type(adapter).__name__, held))
         log_for(JOB + 1).info("written")
         return 1
 
     monkeypatch.setattr(record_writer, "run_writer", fake_run)
     assert record_writer.main() == 0
-    assert got == [(spool.parent, "Cli")]
+    assert got == [(spool.parent, "Cli", None)]
     # the Slurm tools get a fixed PATH and the two config variables, nothing else
     assert made == [{"env": {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
                              "SLURM_CONF": "/etc/slurm/slurm.conf",
@@ -248,7 +259,24 @@ def test_main_survives_broken_config(main_env, monkeypatch, tmp_path, caplog) ->
     with pytest.raises(cfgmod.ConfigError):
         cfgmod.load()
     monkeypatch.setattr(record_writer, "run_writer",
-                        lambda d, a, log_for: log_for(JOB).info("written") or 1)
+                        lambda d, a, log_for, held: log_for(JOB).info("written") or 1)
     assert record_writer.main() == 0
     assert not log_file.exists()
     assert [r.getMessage() for r in caplog.records] == [f"record-writer: job {JOB}: written"]
+
+
+def test_main_adopts_the_lock_it_was_handed(main_env, monkeypatch) -> None:
+    import os
+
+    spool, _, _ = main_env
+    fd = record_writer.try_lock(spool.parent)
+    assert fd is not None
+    monkeypatch.setattr(sys, "argv", ["record_writer", str(JOB), str(spool), str(fd)])
+    got: list[Any] = []
+    monkeypatch.setattr(record_writer, "run_writer",
+                        lambda d, a, log_for, held: got.append(held) or 0)
+    try:
+        assert record_writer.main() == 0
+    finally:
+        os.close(fd)
+    assert got == [fd]

@@ -10,7 +10,6 @@ exits when the spool is empty.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 from pathlib import Path
@@ -100,19 +99,65 @@ def _put(spool: Path, job: int, text: str = "cl1:rec") -> Path:
 def test_no_second_writer_while_one_holds_the_lock(spool: Path, monkeypatch) -> None:
     """50 epilogs while a writer runs start no process; the first after it ends does."""
     started: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(record_writer, "spawn_module", lambda *a: started.append(a))
+    locked_at_spawn: list[bool] = []
+
+    def fake_spawn(module: str, args: tuple[str, ...], env: Any, *, pass_fd: int) -> None:
+        started.append((module, args, pass_fd))
+        locked_at_spawn.append(record_writer.try_lock(spool) is None)
+
+    monkeypatch.setattr(record_writer, "spawn_module", fake_spawn)
     held = record_writer.try_lock(spool)
     assert held is not None
     try:
         for job in range(50):
-            record_writer.spawn(job, _put(spool, job), {"PATH": "/bin"})
+            assert not record_writer.spawn(job, _put(spool, job), {"PATH": "/bin"})
         assert started == []
     finally:
         os.close(held)
-    record_writer.spawn(50, _put(spool, 50), {"PATH": "/bin"})
+    assert record_writer.spawn(50, _put(spool, 50), {"PATH": "/bin"})
     assert len(started) == 1
     module, args, _ = started[0]
-    assert module == "slurm_colloc.node.record_writer" and args == ("50", str(spool / "50.adminc"))
+    assert module == "slurm_colloc.node.record_writer"
+    assert args == ("50", str(spool / "50.adminc"), "3")
+    # the lock is already held when the writer is started (it inherits it), and the
+    # epilog's own copy is closed afterwards
+    assert locked_at_spawn == [True]
+    fd = record_writer.try_lock(spool)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_the_writer_inherits_the_held_lock(spool: Path) -> None:
+    """The real hand-over: the detached helper keeps the lock after the epilog closed
+    its descriptor, until it exits."""
+    import time as real_time
+
+    from slurm_colloc.node.detach import spawn_module
+
+    fd = record_writer.try_lock(spool)
+    assert fd is not None
+    try:
+        spawn_module("timeit", ("-n", "1", "-r", "1", "import time; time.sleep(3)"),
+                     {"PATH": "/usr/bin:/bin"}, pass_fd=fd)
+    finally:
+        os.close(fd)
+    assert record_writer.try_lock(spool) is None  # the helper holds it
+    deadline = real_time.monotonic() + 20
+    while (fd2 := record_writer.try_lock(spool)) is None and real_time.monotonic() < deadline:
+        real_time.sleep(0.2)
+    assert fd2 is not None, "the lock was never released"
+    os.close(fd2)
+
+
+def test_a_handed_over_lock_is_verified(spool: Path, tmp_path: Path) -> None:
+    fd = record_writer.try_lock(spool)
+    assert fd is not None
+    assert record_writer._adopt_lock(fd, spool) == fd
+    os.close(fd)
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT, 0o600)
+    assert record_writer._adopt_lock(other, spool) is None  # not the spool's lock: closed
+    with pytest.raises(OSError):
+        os.fstat(other)
 
 
 def test_the_lock_is_roots_and_never_followed(spool: Path, tmp_path: Path) -> None:
@@ -126,7 +171,8 @@ def test_the_lock_is_roots_and_never_followed(spool: Path, tmp_path: Path) -> No
     target = tmp_path / "target"
     target.write_text("")
     (other / record_writer.LOCK_NAME).symlink_to(target)
-    assert record_writer.try_lock(other) is None  # a link: refused, not followed
+    with pytest.raises(OSError):
+        record_writer.try_lock(other)  # a link: refused (and reported), not followed
 
 
 def test_a_second_writer_exits_at_once(spool: Path, clock: FakeClock) -> None:
@@ -238,12 +284,11 @@ def test_pending_is_bounded(spool: Path, monkeypatch) -> None:
     assert len(record_writer.pending(spool)) == 5
 
 
-def test_lock_probe_does_not_block_a_writer(spool: Path) -> None:
-    """The epilog's probe is a non-blocking flock released at once."""
-    assert not record_writer.writer_running(spool)
-    fd = os.open(spool / record_writer.LOCK_NAME, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the probe
-        assert record_writer.writer_running(spool)
-    finally:
-        os.close(fd)
+def test_run_writer_uses_the_lock_it_was_handed(spool: Path, clock: FakeClock) -> None:
+    fd = record_writer.try_lock(spool)
+    assert fd is not None
+    _put(spool, 71)
+    dbd = Dbd({71})
+    assert record_writer.run_writer(spool, dbd, _log(), held=fd) == 1
+    with pytest.raises(OSError):
+        os.fstat(fd)  # released (closed) when done
