@@ -111,6 +111,9 @@ class Collector:
             except (GpuIdentityError, GpuBackendError) as e:
                 log.warning("GPU order unknown (%s): taking NVML indices as Slurm's", e)
                 self._slurm_of = {}
+            except Exception as e:  # noqa: BLE001 - or every GPU would fail every step
+                self.failures.failed("GPU order", e)
+                self._slurm_of = {}
         return self._slurm_of.get(backend_index, backend_index)
 
     def _uid_of_job(self, job: str) -> int | None:

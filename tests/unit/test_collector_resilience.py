@@ -175,3 +175,23 @@ def test_step_survives_a_process_vanishing_mid_sample(
     assert col.step().get(("82", 0)) == 1000
     col.close()
 
+
+
+def test_an_unforeseen_error_in_the_gpu_order_costs_no_gpu(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's GPU order is read once; an exception there other than the expected ones
+    fell to every GPU of every step (the per-GPU guard) and sampled nothing."""
+    from slurm_colloc.gpu import identity
+
+    def broken(backend: object) -> object:
+        raise RuntimeError("a driver oddity")
+
+    monkeypatch.setattr(identity.GpuMap, "from_backend", staticmethod(broken))
+    cfg, backend, state = make(tmp_path)
+    pid = spawn(procs, {"SLURM_JOB_ID": "91"})
+    register(state, pid, 1, 1000)
+    col = Collector(cfg, backend, clock=Clock(1_000_000.0))
+    assert col.step() == {("91", 0): 1000}
+    assert col.step() == {("91", 0): 1000}
+    col.close()
