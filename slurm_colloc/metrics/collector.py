@@ -15,10 +15,15 @@ against their job's allocation and MPS membership; a job over its limit (or outs
 MPS) is killed or flagged per configuration and a root-only verdict is recorded. It
 reuses the sample and the attribution already made: no extra GPU or /proc reads.
 
-Life cycle: the prolog starts it when it is not running (:mod:`.launch`); it holds an
-exclusive ``flock`` on ``metrics_dir/collector.pid`` while alive, so a second copy
-exits at once; it exits by itself after ``collector_idle_exit_s`` without GPU jobs;
-it prunes job directories older than ``metrics_retention_days`` once an hour.
+Life cycle: the prolog starts it when it is not running
+(:mod:`slurm_colloc.node.metrics_launch`). What it starts is a supervisor
+(:mod:`.supervisor`) that holds an exclusive ``flock`` in root's private
+``metrics_dir/collector/`` (:mod:`.liveness`: no user can open, hence hold, it), so a
+second copy exits at once, and runs this module's sampling loop as a worker, restarted
+when it dies or stalls. No exception of a step ends the loop (see :meth:`Collector.step`).
+It exits by itself after ``collector_idle_exit_s`` without GPU jobs (and none in root's
+MPS bookkeeping); it prunes job directories older than ``metrics_retention_days`` once
+an hour.
 """
 
 from __future__ import annotations
