@@ -27,6 +27,7 @@ and each process's files are read once. Reads are bounded; nothing follows links
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -42,6 +43,7 @@ _CG_V2 = re.compile(
 _CG_V1 = re.compile(rb"^\d+:[\w,=]*:/slurm(?:_[\w.-]+)?/uid_(\d{1,10})/job_(\d{1,12})(?:/|$)")
 
 
+log = logging.getLogger("colloc.metrics.attribution")
 _JOB_ID = re.compile(r"[0-9]{1,12}")
 
 JobOfSluid = Callable[[str], str | None]
@@ -113,6 +115,20 @@ def restart_count(value: str | None) -> int:
     return int(value)
 
 
+_warned: set[int] = set()
+
+
+def _malformed(pid: int, length: int) -> None:
+    """Say once per pid (bounded) that its restart count was not a count."""
+    if pid in _warned:
+        return
+    if len(_warned) > 4096:
+        _warned.clear()
+    _warned.add(pid)
+    log.warning("process %d: SLURM_RESTART_COUNT is not 1-4 digits (%d characters): "
+                "taken as attempt 0", pid, length)
+
+
 def tag_of(
     pid: int, proc: str = "/proc", job_of_sluid: JobOfSluid | None = None
 ) -> JobTag | None:
@@ -122,7 +138,10 @@ def tag_of(
     except OSError:
         return None
     environ = _read(f"{proc}/{pid}/environ", MAX_ENVIRON) or b""
-    attempt = restart_count(_env_value(environ, b"SLURM_RESTART_COUNT"))
+    raw_count = _env_value(environ, b"SLURM_RESTART_COUNT")
+    attempt = restart_count(raw_count)
+    if raw_count is not None and attempt == 0 and raw_count != "0":
+        _malformed(pid, len(raw_count))
     cg = _read(f"{proc}/{pid}/cgroup", MAX_CGROUP) or b""
     cg_job = slurm_cgroup_job(cg, uid, job_of_sluid)
     if cg_job:

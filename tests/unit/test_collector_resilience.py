@@ -195,3 +195,14 @@ def test_an_unforeseen_error_in_the_gpu_order_costs_no_gpu(
     assert col.step() == {("91", 0): 1000}
     assert col.step() == {("91", 0): 1000}
     col.close()
+
+
+def test_a_malformed_restart_count_is_logged_once_per_process(
+    procs: list[subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
+    pid = spawn(procs, {"SLURM_JOB_ID": "4243", "SLURM_RESTART_COUNT": HUGE})
+    for _ in range(5):
+        assert tag_of(pid) is not None
+    lines = [r for r in caplog.records if f"process {pid}: SLURM_RESTART_COUNT" in r.getMessage()]
+    assert len(lines) == 1 and "5000 characters" in lines[0].getMessage()
+    assert HUGE not in lines[0].getMessage()
