@@ -34,7 +34,8 @@ The rules (issue 11, M1), for code that runs as root on a path the user chose:
   then the user's oldest attempts beyond :data:`MAX_BYTES_PER_USER` (the bytes the
   copies really use). Pruning never follows a symlink (``lstat`` only;
   ``shutil.rmtree`` is fd-based on Linux), so the user-owned attempt directories of
-  older releases are safe to clean too (they are counted by their owner).
+  older releases are safe to clean too (they are counted by their owner). An attempt
+  an older release gave to the owner's primary group is made root-only on the way.
 
 ``config.py`` has no evidence retention keys yet; the two limits are module constants.
 
@@ -69,7 +70,7 @@ from pathlib import Path
 from slurm_colloc.mps.tenancy import ensure_root_dir
 from slurm_colloc.node.as_user import AsUserError, credentials, run_as_user
 from slurm_colloc.oom.safe_open import RefusedPath, open_log
-from slurm_colloc.owner_read import grant_owner_read
+from slurm_colloc.owner_read import grant_owner_read, make_private
 
 RETENTION_S = 14 * 86400
 """Evidence older than this (by the attempt directory's mtime) is deleted."""
@@ -460,6 +461,29 @@ def _scan_attempt(path: Path) -> _Attempt | None:
     return _Attempt(path, st.st_mtime, owner if owner is not None else 0, size)
 
 
+def _close_legacy(a: _Attempt) -> None:
+    """An attempt of an older release (root's, group = the owner's primary group,
+    0750): root-only from now on, or the recorded owner's by the ACL entry. Before
+    issue 23 every member of that group could read it."""
+    try:
+        fd = os.open(a.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_gid == 0:
+            return
+        owner = _recorded_owner(a.path)
+        if owner is None:
+            make_private(fd)
+        else:
+            grant_owner_read(fd, owner)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _remove(path: Path, *, keep_job_dir: bool = False) -> None:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)  # fd-based on Linux: never follows a symlink inside
@@ -504,6 +528,7 @@ def prune(
             _remove(a.path)
             removed.append(str(a.path))
         else:
+            _close_legacy(a)
             kept.append(a)
     mine = sorted((a for a in kept if a.uid == uid), key=lambda a: a.mtime)
     total = sum(a.size for a in mine)

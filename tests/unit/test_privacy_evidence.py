@@ -202,3 +202,23 @@ def test_without_acls_the_copy_is_root_only_and_says_so(top: Path, monkeypatch) 
     assert stat.S_IMODE(os.stat(Path(copy).parent).st_mode) == 0o700
     assert any("root-only" in e for e in errors), errors
     assert not _can_read(copy, Credentials(u2.pw_uid, u2.pw_gid, (u2.pw_gid,)))
+
+
+def test_an_older_releases_group_readable_attempt_is_closed_on_the_next_prune(
+        top: Path) -> None:
+    """Evidence kept before this release is root:<user's gid> 0750: the next prune
+    takes it from the group (root-only: no owner record names whom to grant)."""
+    u1, u2 = _user("colloc-u1"), _user("colloc-u2")
+    d = top / "ev" / "9" / "attempt0"
+    d.mkdir(parents=True)
+    (d / "0-job.err").write_text("old secret\n")
+    os.chown(d / "0-job.err", 0, u2.pw_gid)
+    os.chmod(d / "0-job.err", 0o640)
+    os.chown(d, 0, u2.pw_gid)
+    os.chmod(d, 0o750)
+    same_group = Credentials(u1.pw_uid, u2.pw_gid, (u2.pw_gid,))
+    assert _can_read(str(d / "0-job.err"), same_group)  # the leak, before
+    evidence.prune(str(top / "ev"), uid=u1.pw_uid)
+    assert not _can_read(str(d / "0-job.err"), same_group)
+    st = os.lstat(d)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o700)
