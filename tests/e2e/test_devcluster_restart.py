@@ -22,7 +22,7 @@ from slurm_colloc import config as cfgmod
 from slurm_colloc.devcluster import daemons
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.devcluster.layout import Layout, Spec
-from slurm_colloc.metrics import store
+from slurm_colloc.metrics import liveness, store
 from slurm_colloc.node.metrics_launch import collector_running
 from slurm_colloc.slurm.adapter import SlurmCli, SlurmError, by_start, wait_for_jobs
 from tests.e2e.conftest import LOG_KEEP, sbatch
@@ -183,14 +183,15 @@ def test_collector_killed_mid_job_is_restarted_and_the_job_keeps_its_samples(
     _wait_running(slurm, [a])
     time.sleep(3)
     assert collector_running(metrics)
-    pid = int((Path(metrics) / store.PID_FILE).read_text().split()[0])
+    pid = liveness.read_pids(metrics)[0]  # the supervisor: it holds the lock
+    assert pid is not None
     rows_at_kill = len(store.read_series(metrics, a, 0).rows)
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.3)
     assert not collector_running(metrics)
     (b,) = _simjobs(rc, jobdir, 1, 2)  # its prolog finds no collector and starts one
     assert set(wait_for_jobs(slurm, [a, b], timeout=90).values()) == {"COMPLETED"}
-    assert int((Path(metrics) / store.PID_FILE).read_text().split()[0]) != pid
+    assert liveness.read_pids(metrics)[0] not in (None, pid)
     _accounted(slurm, [a, b])
     deadline = time.monotonic() + 60
     att: dict[str, object] = {}
