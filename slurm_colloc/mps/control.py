@@ -105,10 +105,18 @@ def readback(line: str) -> tuple[str, str, str]:
 
 
 def _same_value(kind: str, got: str, want: str) -> bool:
-    """A read-back value (``4G``, ``4096M``, ``50.0``) equals the one set."""
+    """A read-back value (``4G``, ``4096M``, ``50.0``) equals the one set.
+
+    The reply's format is not documented: its last word is taken, after any
+    ``DEV=`` or ``DEV:`` prefix. Anything unreadable is not a match (an error, never
+    a silent pass): an acceptance-kit item on real hardware.
+    """
+    import re
+
     from slurm_colloc.units import SizeError, parse_size_mib
 
-    token = got.split()[-1] if got.split() else ""
+    words = re.split(r"[\s=:]+", got.strip())
+    token = words[-1] if words else ""
     try:
         if kind == "size":
             return parse_size_mib(token) == parse_size_mib(want)

@@ -520,3 +520,12 @@ def test_the_v3_daemon_keeps_its_files_private_and_opens_only_the_jobs_route() -
     finally:
         node.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("reply", "ok"), [("4096M", True), ("4G", True), ("0=4G", True),
+                                          ("Device 0: 4096M", True), ("0", False),
+                                          ("", False), ("unknown", False), ("4095M", False)])
+def test_a_read_back_limit_is_compared_by_value(reply: str, ok: bool) -> None:
+    from slurm_colloc.mps.control import _same_value
+
+    assert _same_value("size", reply, "4096M") is ok
