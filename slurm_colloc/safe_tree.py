@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_colloc.node.detach import spawn_module
+from slurm_colloc.detach import spawn_module
 
 QUARANTINE_MODE = 0o700
 MAX_ENTRIES = 20_000

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "slurm_colloc"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"units", "procfs", "config", "__version__", "__init__"}),
+    frozenset({"units", "procfs", "config", "__version__", "__init__", "detach", "safe_tree",
+               "owner_read", "log_escape"}),
     frozenset({"slurm", "gpu", "oom", "mps"}),
     frozenset({"accounting"}),
     frozenset({"metrics"}),

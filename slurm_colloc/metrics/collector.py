@@ -48,7 +48,7 @@ from slurm_colloc.metrics.attribution import Attributor, JobTag, start_ticks
 from slurm_colloc.metrics.guard import Failures
 from slurm_colloc.mps.control import STATE_FILE, DaemonIdentity
 from slurm_colloc.mps.tenancy import Tenancy
-from slurm_colloc.node.mps_protocol import V3_DIR
+from slurm_colloc.mps.v3 import V3_DIR
 
 GONE_AFTER_S = 5.0
 """A job not seen on any GPU for this long has its pending rows flushed, file closed."""
@@ -514,17 +514,28 @@ def _prune(cfg: CollocConfig, c: Collector) -> None:
 LOG_FORMAT = "%(asctime)s colloc: collector: %(message)s"
 
 
-def _logging(cfg: CollocConfig) -> None:
-    """To stderr and root's log file."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    if cfg.log_file:
+def _logging(cfg: CollocConfig, worker: bool) -> None:
+    """To stderr and root's log file, one line per record (:mod:`slurm_colloc.log_escape`).
+
+    A worker logs to stderr only: its supervisor points that at the log file (which
+    also catches a hard crash's traceback); a file handler as well doubled every line.
+    """
+    from slurm_colloc.log_escape import EscapingFormatter
+
+    fmt = EscapingFormatter(LOG_FORMAT)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    err = logging.StreamHandler(sys.stderr)
+    err.setFormatter(fmt)
+    root.addHandler(err)
+    if cfg.log_file and not worker:
         try:
             fh = logging.FileHandler(cfg.log_file)
         except OSError as e:
             log.warning("log file %s: %s", cfg.log_file, e)
         else:
-            fh.setFormatter(logging.Formatter(LOG_FORMAT))
-            logging.getLogger().addHandler(fh)
+            fh.setFormatter(fmt)
+            root.addHandler(fh)
 
 
 def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None) -> int:
@@ -571,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="sample in this process, no restarts (benchmarks)")
     a = p.parse_args(argv)
     cfg = cfgmod.load(a.conf)
-    _logging(cfg)
+    _logging(cfg, worker=a.worker)
     if a.worker:
         return _worker(cfg, a.seconds, a.supervisor)
     try:

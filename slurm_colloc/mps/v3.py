@@ -102,6 +102,8 @@ from slurm_colloc.mps.control import DaemonIdentity, read_small_file, write_root
 from slurm_colloc.mps.tenancy import ensure_root_dir
 from slurm_colloc.units import SizeError, parse_size_mib
 
+V3_DIR = "v3"
+"""The node's v3 daemon lives under ``mps_root/v3`` (its state in ``v3/state``)."""
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"

@@ -71,8 +71,8 @@ def release_v3(job_id: int, cfg: CollocConfig, tenancy: Tenancy, result: EpilogR
     job (it holds a server per GPU, which the memory budget counts).
     """
     from slurm_colloc.mps.tenancy import TenancyError
-    from slurm_colloc.mps.v3 import MpsV3Error
-    from slurm_colloc.node.mps_protocol import V3_DIR, v3_node
+    from slurm_colloc.mps.v3 import V3_DIR, MpsV3Error
+    from slurm_colloc.node.mps_protocol import v3_node
 
     if not (Path(cfg.mps_root) / V3_DIR).is_dir():
         return

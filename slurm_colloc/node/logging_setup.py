@@ -7,43 +7,19 @@ Goes to ``CollocConfig.log_file`` and, for Slurm's own log, to stderr.
 error paths, job names, comments, the matched line of a log. A newline in
 ``--output`` reached root's log unescaped, so a user could forge a whole line
 (``... colloc: epilog: job 1: requeued``) in root's log and in slurmd's. Every
-message is therefore escaped by :class:`EscapingFormatter` after its arguments are
-filled in: C0 and C1 control characters, DEL and the Unicode line/paragraph
-separators become ``\\n``, ``\\r``, ``\\xNN``, ``\\u2028``. Tabs stay. Root's own
-tracebacks (appended after the message) keep their lines. Other root daemons that
-log user text (the collector) should use the same formatter.
+message is therefore escaped by :class:`slurm_colloc.log_escape.EscapingFormatter`
+after its arguments are filled in (the collector uses the same formatter).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from pathlib import Path
 
-_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
-_NAMED = {"\n": "\\n", "\r": "\\r"}
+from slurm_colloc.log_escape import EscapingFormatter, escape_controls
 
-
-def _escape_one(m: re.Match[str]) -> str:
-    c = m.group()
-    if c in _NAMED:
-        return _NAMED[c]
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-
-
-def escape_controls(text: str) -> str:
-    """``text`` with every control character (tab aside) spelled out: one line."""
-    return _CONTROLS.sub(_escape_one, text)
-
-
-class EscapingFormatter(logging.Formatter):
-    """A formatter whose message part is always one line (:func:`escape_controls`)."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        """Escape the filled-in message; the traceback, added later, is untouched."""
-        record.message = escape_controls(record.message)
-        return super().formatMessage(record)
+__all__ = ["EscapingFormatter", "JobAdapter", "escape_controls", "node_logger"]
 
 
 class JobAdapter(logging.LoggerAdapter[logging.Logger]):

@@ -18,8 +18,8 @@ import time
 from collections.abc import Mapping
 
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.detach import spawn_module
 from slurm_colloc.metrics import liveness, store
-from slurm_colloc.node.detach import spawn_module
 from slurm_colloc.node.job import JobContext
 
 SPANK = "SPANK__SLURM_SPANK_OPTION_colloc_colloc_"

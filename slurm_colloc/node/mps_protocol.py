@@ -20,11 +20,10 @@ from pathlib import Path
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.control import read_small_file
 from slurm_colloc.mps.tenancy import ensure_root_dir
-from slurm_colloc.mps.v3 import MpsV3Node, detect
+from slurm_colloc.mps.v3 import V3_DIR, MpsV3Node, detect
 from slurm_colloc.node.gpus import boot_id
 
 CACHE_FILE = "protocol.json"
-V3_DIR = "v3"
 
 
 def _binary_key(binary: str) -> str:

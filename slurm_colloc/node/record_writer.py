@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_colloc.node.detach import PASSED_FD, spawn_module
+from slurm_colloc.detach import PASSED_FD, spawn_module
 from slurm_colloc.node.logging_setup import node_logger
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmError, by_start
 

@@ -14,12 +14,13 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from slurm_colloc import __version__
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.site.finding import Finding as Finding
+from slurm_colloc.site.finding import Level
 from slurm_colloc.site.install import MARKER, PLUGIN_NAME
 from slurm_colloc.site.releases import SlurmRelease, plugin_release
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmCli, SlurmError
@@ -27,16 +28,6 @@ from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmCli, SlurmError
 if TYPE_CHECKING:
     from slurm_colloc.gpu.identity import GpuMap
 
-Level = Literal["ok", "warn", "fail"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One check's verdict."""
-
-    level: Level
-    what: str
-    detail: str = ""
 
 
 def read_conf(path: Path) -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import liveness
-from slurm_colloc.site.doctor import Finding
+from slurm_colloc.site.finding import Finding
 
 WHAT = "collector"
 RECENT_S = 86400.0

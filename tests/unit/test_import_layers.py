@@ -18,7 +18,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "slurm_colloc"
 RUNTIME = ["node", "metrics", "report", "site", "slurm", "accounting", "mps", "oom", "gpu"]
-RUNTIME_FILES = ["config.py", "procfs.py", "units.py"]
+RUNTIME_FILES = ["config.py", "procfs.py", "units.py", "detach.py", "safe_tree.py", "owner_read.py",
+                 "log_escape.py"]
 LAB = ("slurm_colloc.devcluster", "slurm_colloc.bench", "slurm_colloc.demo",
        "slurm_colloc.demo_site", "slurm_colloc.gpu.sim", "slurm_colloc.selftest")
 ALLOWED = {("gpu/select.py", "slurm_colloc.gpu.sim.backend")}

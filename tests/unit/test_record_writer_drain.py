@@ -132,7 +132,7 @@ def test_the_writer_inherits_the_held_lock(spool: Path) -> None:
     its descriptor, until it exits."""
     import time as real_time
 
-    from slurm_colloc.node.detach import spawn_module
+    from slurm_colloc.detach import spawn_module
 
     fd = record_writer.try_lock(spool)
     assert fd is not None

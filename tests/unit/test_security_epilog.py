@@ -227,7 +227,7 @@ def test_m1_prune_never_follows_symlinks(tmp_path) -> None:
 def test_m1_detached_child_is_isolated(tmp_path, monkeypatch) -> None:
     """M1: spawn_module's ``python -m`` must not import a module planted in a directory
     of the environment or the cwd (isolated mode, cwd /, scrubbed environment)."""
-    from slurm_colloc.node.detach import spawn_module
+    from slurm_colloc.detach import spawn_module
 
     planted = tmp_path / "plant"
     planted.mkdir()
@@ -251,7 +251,7 @@ def test_m1_detached_child_is_isolated(tmp_path, monkeypatch) -> None:
 
 def test_m1_detached_child_argv_and_env(monkeypatch) -> None:
     """M1: the exec'd command line uses -I and the environment loses PYTHON*/LD_*."""
-    from slurm_colloc.node import detach
+    from slurm_colloc import detach
 
     seen: dict[str, Any] = {}
 
