@@ -292,15 +292,17 @@ def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
     Returns at once (0) when another writer holds the lock."""
     written = 0
     fd = held
+    tries = LOCK_TRIES
     while True:
-        for attempt in range(LOCK_TRIES):
+        for attempt in range(tries):
             if fd is not None:
                 break
             fd = try_lock(spool_dir)
-            if fd is None and attempt < LOCK_TRIES - 1:
+            if fd is None and attempt < tries - 1:
                 time.sleep(0.1)
         if fd is None:
             return written  # another writer drains the spool
+        tries = 1  # after a round: a lock held now is a newer writer's, which drains
         try:
             written += drain(adapter, spool_dir, log_for)
         finally:

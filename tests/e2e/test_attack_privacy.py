@@ -180,7 +180,9 @@ def test_a_flood_of_short_jobs_leaves_one_record_writer(
     finally:
         stop.set()
         sampler.join()
-    assert max(seen) <= 2, f"record writers at once: max {max(seen)}"
+    # one draining, one that has just let go of the lock (exiting), one just handed it:
+    # never one per job (50 jobs used to leave up to 50 pollers for 120 s each)
+    assert max(seen) <= 3, f"record writers at once: max {max(seen)}"
     assert not list(spool.glob("*.failed"))
     recs = slurm.accounting(jobs)
     written = {r.job_id for r in recs if "cl1:" in r.fields.get("AdminComment", "").lower()}
