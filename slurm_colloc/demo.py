@@ -316,4 +316,7 @@ def _safety_scene(console: Console, cluster: Cluster, slurm: SlurmCli, workdir: 
     console.print(f"  {other}'s process {vpid} after the epilog: "
                   f"[{'green' if alive else 'red'}]{'alive' if alive else 'KILLED'}[/] "
                   "(root signals only the daemon identity it recorded itself)")
-    return capped and alive
+    from slurm_colloc.demo_attacks import enforcement_scene
+
+    held = enforcement_scene(console, cluster, slurm, workdir, user)
+    return capped and alive and held
