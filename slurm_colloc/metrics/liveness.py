@@ -146,7 +146,8 @@ def collector_running(metrics_dir: str | os.PathLike[str]) -> bool:
     return False
 
 
-def _write_private(metrics_dir: str | os.PathLike[str], name: str, text: str) -> None:
+def write_private(metrics_dir: str | os.PathLike[str], name: str, text: str) -> None:
+    """Write ``name`` (root 0600, never through a link) in the private directory."""
     dfd = open_private_dir(metrics_dir)
     try:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
@@ -162,7 +163,7 @@ def _write_private(metrics_dir: str | os.PathLike[str], name: str, text: str) ->
 def write_pid(metrics_dir: str | os.PathLike[str], supervisor: int,
               worker: int | None = None) -> None:
     """Record the supervisor's (and its worker's) pid."""
-    _write_private(metrics_dir, PID, f"{supervisor} {worker or ''}".rstrip() + "\n")
+    write_private(metrics_dir, PID, f"{supervisor} {worker or ''}".rstrip() + "\n")
 
 
 def read_pids(metrics_dir: str | os.PathLike[str]) -> tuple[int | None, int | None]:

@@ -55,16 +55,7 @@ def describe_exit(rc: int) -> str:
 def write_crash(metrics_dir: str, text: str) -> None:
     """The worker's last words (its exception, one line) for the supervisor's event."""
     with contextlib.suppress(OSError):
-        dfd = liveness.open_private_dir(metrics_dir)
-        try:
-            fd = os.open(CRASH_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        finally:
-            os.close(dfd)
-        try:
-            os.write(fd, liveness.clean_detail(text).encode())
-        finally:
-            os.close(fd)
+        liveness.write_private(metrics_dir, CRASH_FILE, liveness.clean_detail(text))
 
 
 def take_crash(metrics_dir: str) -> str:
