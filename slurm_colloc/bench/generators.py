@@ -26,6 +26,7 @@ from pathlib import Path
 
 from slurm_colloc.bench.profiles import SHARED_DATA, LucidProfile
 from slurm_colloc.bench.trace import SIZE_CLASSES, Trace, TraceJob
+from slurm_colloc.gpu.sim.activity import sm_activity_from_util
 
 GIB = 1024
 CLASS_MIB = {"light": (0, 6 * GIB), "medium": (6 * GIB, 16 * GIB), "heavy": (16 * GIB, 30 * GIB)}
@@ -73,6 +74,16 @@ def user_guess(rng: random.Random, peak_mib: int, gpu_mib: int) -> int:
 def _work(rng: random.Random, cls: str) -> float:
     median, lo, hi = CLASS_WORK_S[cls]
     return float(round(min(hi, max(lo, median * math.exp(rng.gauss(0.0, 0.5))))))
+
+
+def _smact(util_pct: float) -> float:
+    """The SM activity the simulation runs a job measured at ``util_pct`` utilisation at.
+
+    Lucid measured nvidia-smi utilisation, not SM activity; the interference and power
+    models need the latter (issue 24), so it is mapped through GPUMemNet's A100 curve
+    (the trace keeps the measurement as ``util_pct``).
+    """
+    return round(max(0.1, sm_activity_from_util(util_pct)), 1)
 
 
 def philly_arrivals(rng: random.Random, n: int, span_s: float) -> list[float]:
@@ -135,8 +146,9 @@ class ProfilePools:
             name=name, arrival_s=arrival, size_class=cls, model=model, batch_size=batch,
             peak_mib=peak, steady_mib=max(1, round(peak * rng.uniform(0.85, 0.95))),
             peak_at=round(rng.uniform(0.02, 0.3), 3),
-            sm_pct=round(rng.choice(self.util[cls]), 1), work_s=_work(rng, cls),
+            sm_pct=_smact(u := rng.choice(self.util[cls])), work_s=_work(rng, cls),
             guess_mib=user_guess(rng, peak, gpu_mib), summary=summary, source=source,
+            util_pct=round(u, 1),
         )
 
 
@@ -223,7 +235,8 @@ def alibaba(
         draft.append((created, TraceJob(
             name=f"alibaba-{i:03d}", arrival_s=0.0, size_class=cls, model=pod,
             batch_size=1, peak_mib=peak, steady_mib=max(1, round(peak * rng.uniform(0.85, 0.95))),
-            peak_at=round(rng.uniform(0.02, 0.3), 3), sm_pct=round(rng.choice(pools.util[cls]), 1),
+            peak_at=round(rng.uniform(0.02, 0.3), 3),
+            sm_pct=_smact(u := rng.choice(pools.util[cls])), util_pct=round(u, 1),
             work_s=float(min(max_work_s, dur)), guess_mib=request, summary="",
             source=f"alibaba2023_openb_pods:{pod},gpu_milli={milli}",
         )))

@@ -82,6 +82,7 @@ def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
 SUMMARY_METRICS = (
     ("makespan_vs_whole", "makespan vs whole", "{:.2f}x"),
     ("energy_common_vs_whole", "energy (common window) vs whole", "{:.2f}x"),
+    ("energy_vs_whole", "energy (own makespan) vs whole", "{:.2f}x"),
     ("kwh_per_gpu_h_vs_whole", "kWh per done GPU-h vs whole", "{:.2f}x"),
     ("makespan_h", "makespan h", "{:.2f}"),
     ("mean_jct_h", "mean JCT h", "{:.2f}"),

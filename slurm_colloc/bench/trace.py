@@ -30,7 +30,8 @@ class TraceJob:
     """Memory held from the start; grows to ``peak_mib`` at ``peak_at`` of the work."""
     peak_at: float
     sm_pct: float
-    """SM activity alone on a GPU (measured GPU utilisation of a similar job)."""
+    """SM activity (DCGM SMACT) alone on a GPU, %: mapped from the measured GPU utilisation
+    of a similar job (:func:`slurm_colloc.gpu.sim.activity.sm_activity_from_util`)."""
     work_s: float
     """Run time alone on a whole GPU, trace seconds."""
     guess_mib: int
@@ -43,6 +44,9 @@ class TraceJob:
     """GPUs the job uses (data parallel: one rank per GPU, each with this profile)."""
     user: str = ""
     """Unix user who submits it ('' = root); separate users get separate MPS servers."""
+    util_pct: float = 0.0
+    """nvidia-smi GPU utilisation alone (the measurement ``sm_pct`` was mapped from);
+    0 = not known (traces before issue 24)."""
 
     def __post_init__(self) -> None:
         if self.size_class not in SIZE_CLASSES:
@@ -78,10 +82,10 @@ class Trace:
 
 
 _FIELDS = [f.name for f in fields(TraceJob)]
-_OPTIONAL = {"gpus", "user"}
-"""Columns older trace CSVs (before issue 14) do not have."""
+_OPTIONAL = {"gpus", "user", "util_pct"}
+"""Columns older trace CSVs (before issues 14 and 24) do not have."""
 _INT = {"batch_size", "peak_mib", "steady_mib", "guess_mib", "gpus"}
-_FLOAT = {"arrival_s", "peak_at", "sm_pct", "work_s"}
+_FLOAT = {"arrival_s", "peak_at", "sm_pct", "work_s", "util_pct"}
 
 
 def jobs_to_csv(jobs: tuple[TraceJob, ...] | list[TraceJob]) -> str:

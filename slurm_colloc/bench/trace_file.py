@@ -13,14 +13,15 @@ Required columns:
 ``summary``    model summary for ``--colloc``: a name in ``benchmarks/summaries`` or
                a path to a summary file; empty = none (the user gives memory)
 ``guess_mib``  what the user would ask for without a tool, MiB (>= 1)
-``sm_pct``     SM activity alone on the GPU, % (0 < x <= 100)
+``sm_pct``     SM activity (DCGM SMACT) alone on the GPU, % (0 < x <= 100)
 =============  ===================================================================
 
 Optional: ``name`` (unique; default ``<stem>-NNN``), ``model``, ``steady_mib``
 (memory from the start, <= peak; default the peak), ``peak_at`` (fraction of the
 work where the peak is reached, 0..1; default 0), ``user`` (Unix user who submits;
 default root), ``size_class`` (light/medium/heavy; default from the peak),
-``source``. Any other column is an error.
+``source``, ``util_pct`` (nvidia-smi GPU utilisation alone, %, kept for reference; 0 =
+unknown: the simulation runs the job at ``sm_pct``). Any other column is an error.
 
 Every problem is one line ``FILE:LINE: column NAME: what is wrong``
 (:class:`TraceFileError`); all problems of a file are reported, not just the first.
@@ -39,7 +40,8 @@ from slurm_colloc.bench.trace import SIZE_CLASSES, Trace, TraceJob
 
 REQUIRED = ("arrival_s", "gpus", "batch_size", "peak_mib", "work_s", "summary", "guess_mib",
             "sm_pct")
-OPTIONAL = ("name", "model", "steady_mib", "peak_at", "user", "size_class", "source")
+OPTIONAL = ("name", "model", "steady_mib", "peak_at", "user", "size_class", "source",
+            "util_pct")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 MAX_ERRORS = 20
@@ -176,6 +178,8 @@ def parse_trace_text(
             bad.append(f"{where}:{line}: column user: {user!r} is not a Unix user name")
         peak_at = cell.num("peak_at", _float, lambda v: 0 <= v <= 1, "must be in [0, 1]",
                            default=0.0)
+        util = cell.num("util_pct", _float, lambda v: 0 <= v <= 100, "must be in [0, 100]",
+                        default=0.0)
         steady = cell.num("steady_mib", _int, lambda v: v >= 1, "must be >= 1",
                           default=peak if peak is not None else 1)
         cls = row.get("size_class", "")
@@ -189,14 +193,15 @@ def parse_trace_text(
             continue
         assert (arrival is not None and n_gpus is not None and batch is not None
                 and peak is not None and work is not None and guess is not None
-                and sm is not None and peak_at is not None and steady is not None)
+                and sm is not None and peak_at is not None and steady is not None
+                and util is not None)
         jobs.append(TraceJob(
             name=name, arrival_s=float(arrival), size_class=cls or size_class_of(int(peak)),
             model=row.get("model") or Path(summary).stem or "job", batch_size=int(batch),
             peak_mib=int(peak), steady_mib=int(steady), peak_at=float(peak_at),
             sm_pct=float(sm), work_s=float(work), guess_mib=int(guess),
             summary=summary, source=row.get("source") or f"{where}:{line}",
-            gpus=int(n_gpus), user=user,
+            gpus=int(n_gpus), user=user, util_pct=float(util),
         ))
     if not jobs and not problems:
         problems.append(f"{where}:2: no jobs (only a header)")

@@ -75,7 +75,8 @@ def test_multi_gpu_jobs_ask_for_whole_gpus_under_every_policy() -> None:
 def test_trace_csv_keeps_gpus_and_users_and_reads_old_files() -> None:
     jobs = (_job(gpus=2, user="colloc-r1"), _job(name="j1"))
     assert jobs_from_csv(jobs_to_csv(jobs)) == jobs
-    old = "\n".join(line.rsplit(",", 2)[0] for line in jobs_to_csv(jobs).splitlines())
+    # the last three columns (gpus, user, util_pct) are newer than the old files
+    old = "\n".join(line.rsplit(",", 3)[0] for line in jobs_to_csv(jobs).splitlines())
     assert [j.gpus for j in jobs_from_csv(old)] == [1, 1]
 
 

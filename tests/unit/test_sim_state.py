@@ -13,6 +13,7 @@ import pytest
 
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError
 from slurm_colloc.gpu.sim import SimBackend, init_state, load_spec
+from slurm_colloc.gpu.sim.activity import combined_pct
 from slurm_colloc.gpu.sim.power import power_w
 from slurm_colloc.gpu.sim.state import (
     DEFAULT_CONTEXT_MIB,
@@ -92,8 +93,9 @@ def test_memory_is_sum_of_live_records_and_dead_ones_are_cleaned(tmp_path):
         s = SimBackend(tmp_path).sample(0)
         assert s.memory_used_mib == DEFAULT_RESERVED_MIB + 6144
         assert sorted(p.pid for p in s.processes) == sorted([os.getpid(), child.pid])
-        assert s.sm_activity_pct == pytest.approx(70.0)
-        assert s.power_w == pytest.approx(power_w(70, 55, 400))
+        # issue 24: tenants' activities combine as the Lucid pairs measured, not as a sum
+        assert s.sm_activity_pct == pytest.approx(combined_pct([30, 40]))
+        assert s.power_w == pytest.approx(power_w(combined_pct([30, 40]), 55, 400))
     finally:
         child.kill()
         child.wait()

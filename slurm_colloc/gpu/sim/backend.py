@@ -3,9 +3,9 @@
 It reads what simjobs registered (see :mod:`slurm_colloc.gpu.sim.state`) and reports
 it the way NVML would: memory used is the driver's reserve, plus what each live MPS
 server with clients on the GPU holds, plus every live process's footprint (CUDA
-context included, as NVML's per-process figure includes it), SM activity
-and utilisation are the summed demand capped at 100 %, power follows the SM activity
-and the energy counter only ever grows. SM occupancy and DRAM activity are not
+context included, as NVML's per-process figure includes it), SM activity and
+utilisation are the tenants' combined as measured (:mod:`.activity`), power follows
+the SM activity and the energy counter only ever grows. SM occupancy and DRAM activity are not
 modelled and stay ``None`` ("not measured"), like NVML without DCGM. Each process
 says whether it is an MPS client (``GpuProcess.mps_client``): a simjob that found no
 MPS daemon (its ``CUDA_MPS_PIPE_DIRECTORY`` unset or wrong) is not, as NVML's MPS
@@ -33,7 +33,9 @@ from slurm_colloc.gpu.sim.state import (
     energy_j,
     gpu_lock,
     gpu_power_w,
+    gpu_sm_activity_pct,
     gpu_used_mib,
+    gpu_util_pct,
     load_spec,
     mps_servers,
     read_records,
@@ -73,7 +75,7 @@ class SimBackend(GpuBackend):
         with gpu_lock(self.state_dir, index, shared=True) as fd:
             records = read_records(self.state_dir, index)
             energy = energy_j(self.state_dir, self.spec, index, fd, now)
-        activity = min(100.0, sum(r.sm_pct for r in records))
+        activity = gpu_sm_activity_pct(records)
         clients = tuple(
             GpuProcess(pid=r.pid, used_mib=r.used_mib, mps_client=r.mps_server > 0)
             for r in records
@@ -87,7 +89,7 @@ class SimBackend(GpuBackend):
             index=index,
             timestamp=now,
             memory_used_mib=gpu_used_mib(self.spec, records),
-            utilization_pct=activity,
+            utilization_pct=gpu_util_pct(records),
             power_w=gpu_power_w(self.spec, records),
             energy_j=energy,
             sm_activity_pct=activity,

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_colloc.gpu.backend import GpuBackendError
+from slurm_colloc.gpu.sim.activity import combined_pct, util_from_sm_activity
 from slurm_colloc.gpu.sim.power import A100_IDLE_W, A100_SXM_MAX_W, power_w
 
 SPEC_FILE = "spec.json"
@@ -421,9 +422,21 @@ def gpu_used_mib(spec: SimSpec, records: list[ProcRecord], servers: int | None =
     return spec.reserved_mib + n * spec.server_mib + sum(r.used_mib for r in records)
 
 
+def gpu_sm_activity_pct(records: list[ProcRecord]) -> float:
+    """SM activity (%) of a GPU running ``records``: the tenants' demands combined as
+    measured on the Lucid pairs (:func:`~.activity.combined_pct`), not their capped sum."""
+    return combined_pct(r.sm_pct for r in records)
+
+
+def gpu_util_pct(records: list[ProcRecord]) -> float:
+    """nvidia-smi utilisation (%) of a GPU running ``records``: each tenant's SM activity
+    mapped back to utilisation (:func:`~.activity.util_from_sm_activity`), combined."""
+    return combined_pct(util_from_sm_activity(r.sm_pct) for r in records)
+
+
 def gpu_power_w(spec: SimSpec, records: list[ProcRecord]) -> float:
-    """Power of a GPU running ``records`` (SM activity = summed demand, capped)."""
-    return power_w(sum(r.sm_pct for r in records), spec.idle_power_w, spec.max_power_w)
+    """Power of a GPU running ``records`` at its combined SM activity (:mod:`.power`)."""
+    return power_w(gpu_sm_activity_pct(records), spec.idle_power_w, spec.max_power_w)
 
 
 def energy_j(
