@@ -85,8 +85,9 @@ class CollocConfig:
     mps_server_mib: int = 64
     """Device memory one MPS server holds outside every client's limit."""
     mps_servers_per_gpu: int = 2
-    """MPS servers budgeted per GPU when sizing shards (legacy MPS runs one per user on
-    the GPU; MPS v3 runs one for all users)."""
+    """The most MPS servers that share one GPU, budgeted when sizing shards (legacy MPS
+    runs one per user on the GPU; MPS v3 one for all users). 0: no bound, one server
+    per shard job (the worst case of legacy MPS; docs/node.md, the budget rule)."""
     gpu_reserved_mib: int = 0
     """Memory the driver keeps on each GPU. 0: what the backend reports (NVML's
     ``nvmlDeviceGetMemoryInfo_v2`` reserved, the sim's spec); set it to override."""

@@ -7,8 +7,13 @@ count. Handing out ``total // shard`` shards over-commits the GPU (40 one-GiB sh
 a 40 GiB A100 leave nothing for contexts and servers), so jobs within their limits
 run out anyway. This module is the one place that arithmetic lives:
 
-* ``usable_mib = total - reserved - servers_per_gpu x server``: what shards divide;
-* ``shards_per_gpu = usable_mib // shard_mib``: gres.conf, job_submit.lua, doctor;
+* ``shards_per_gpu``: the most shards ``S`` with ``reserved + S x shard +
+  servers(S) x server <= total``, where ``servers(S)`` is how many MPS servers ``S``
+  shard jobs can bring: one per job (each may be another user's, and legacy MPS runs
+  one server per user on a GPU) capped at ``mps_servers_per_gpu`` when that is not 0
+  (a site's promise, e.g. MPS v3's one server per GPU); gres.conf, job_submit.lua,
+  doctor;
+* ``usable_mib = total - reserved - servers(S) x server``: what the shards divide;
 * ``pinned_limit_mib(shards) = shards x shard_mib - context``: what the prolog gives a
   client as ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, so that allocations plus context
   (what NVML shows for the job, and what the estimator predicts) fit its shards.
@@ -42,15 +47,36 @@ class GpuBudget:
     context_mib: int
     shard_mib: int
 
-    @property
-    def usable_mib(self) -> int:
-        """Memory left for jobs' shards after the driver's and the MPS servers' part."""
-        return self.total_mib - self.reserved_mib - self.servers * self.server_mib
+    def servers_for(self, shards: int) -> int:
+        """MPS servers that ``shards`` shard jobs can hold on the GPU at once.
+
+        Every job may be another user's, and legacy MPS runs one server per user on a
+        GPU: one server per job, unless ``servers`` (``mps_servers_per_gpu``) caps it.
+        Budgeting fewer lets jobs within their limits run the GPU out of memory once
+        more users than budgeted share it (issue 24: a third user's job on an 80 GB
+        GPU whose shards leave 23 MiB of slack).
+        """
+        jobs = max(0, shards)
+        return jobs if self.servers <= 0 else min(jobs, self.servers)
+
+    def _fits(self, shards: int) -> bool:
+        need = shards * self.shard_mib + self.servers_for(shards) * self.server_mib
+        return self.reserved_mib + need <= self.total_mib
 
     @property
     def shards_per_gpu(self) -> int:
-        """Whole shards the GPU offers (what gres.conf declares for it)."""
-        return max(0, self.usable_mib // self.shard_mib)
+        """Whole shards the GPU offers (what gres.conf declares for it): the most whose
+        jobs, each with its server, fit beside the driver's reserve."""
+        shards = max(0, (self.total_mib - self.reserved_mib) // self.shard_mib)
+        while shards > 0 and not self._fits(shards):
+            shards -= 1
+        return shards
+
+    @property
+    def usable_mib(self) -> int:
+        """Memory left for jobs' shards after the driver's and the MPS servers' part."""
+        servers = self.servers_for(self.shards_per_gpu)
+        return self.total_mib - self.reserved_mib - servers * self.server_mib
 
     def pinned_limit_mib(self, shards: int) -> int:
         """A job's pinned limit: its shards' memory less one CUDA context (min. 1 MiB).

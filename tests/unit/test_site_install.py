@@ -43,8 +43,11 @@ def test_settings_from_config_uses_config_memory() -> None:
     # 16384 - 2 MPS servers x 64 MiB leaves 16256 MiB: 15 whole shards, not 16
     assert s.shards_per_gpu == 15 and s.trusted_uids == (0, 5)
     assert "gpu_memory_mib = 16256," in site.render_job_submit(s)
+    # 0: a server per shard job (issue 24): 15 x (1024 + 64) fits 16384, 16 x does not
     assert site.settings_from_config(
-        CollocConfig(gpu_memory_mib=16384, mps_servers_per_gpu=0)).shards_per_gpu == 16
+        CollocConfig(gpu_memory_mib=16384, mps_servers_per_gpu=0)).shards_per_gpu == 15
+    assert site.settings_from_config(
+        CollocConfig(gpu_memory_mib=16384, mps_server_mib=0)).shards_per_gpu == 16
 
 
 def test_gres_lines_leave_room_for_overheads_and_follow_device_files() -> None:

@@ -103,7 +103,14 @@ class UsageError(Exception):
 
 
 class OutOfMemory(Exception):
-    """An allocation did not fit; carries the PyTorch message."""
+    """An allocation did not fit; carries the PyTorch message and, as ``detail``, what
+    bound it (the GPU's free memory or the MPS limit), for whoever reads the job's
+    stderr after a replay."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        """``message``: PyTorch's text; ``detail``: the sim's own account of the bound."""
+        super().__init__(message)
+        self.detail = detail
 
 
 class CudaRuntimeError(Exception):
@@ -300,6 +307,28 @@ def _requested_device(raw: str | None) -> int:
     return int(first) if first.isdigit() else 0
 
 
+def room(
+    spec: SimSpec, others_used_mib: int, used_mib: int, limit_mib: int | None
+) -> tuple[int, int, int]:
+    """(total, GPU free, free to allocate) for a process holding ``used_mib``.
+
+    ``others_used_mib``: the GPU's memory in use without this process
+    (:func:`~.state.gpu_used_mib`: reserve, servers, other footprints). The pinned
+    limit binds allocations only (footprint less one context); what may be allocated
+    is the smaller of the GPU's free memory and what the limit leaves. ``total`` is
+    what PyTorch's message calls the capacity (``cudaMemGetInfo``'s total: the
+    allocatable memory, or the MPS limit if smaller). Pure, so the property tests
+    check the very arithmetic the simjob applies.
+    """
+    gpu_free = spec.memory_mib - others_used_mib - used_mib
+    if limit_mib is None:
+        return spec.allocatable_mib, gpu_free, gpu_free
+    allocated = used_mib - spec.context_mib
+    return (
+        min(limit_mib, spec.allocatable_mib), gpu_free, min(gpu_free, limit_mib - allocated)
+    )
+
+
 class SimJob:
     """One running simjob: its GPU footprint, MPS connection and progress."""
 
@@ -322,6 +351,8 @@ class SimJob:
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.stop = False
         self.limit_mib: int | None = None
+        self.own_limit_mib: int | None = None  # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT's
+        self.server_limit_mib: int | None = None  # the MPS server's, at connect
         self.sm_pct = job.sm_pct
         self.thread_pct = 100.0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in force
         self.mem_mib = max(job.mem_mib, spec.context_mib)  # footprints: a context at least
@@ -414,6 +445,12 @@ class SimJob:
         own = limit_for(limits, 0)
         caps = [x for x in (own, server_limit) if x is not None]
         self.limit_mib = min(caps) if caps else None
+        self.own_limit_mib, self.server_limit_mib = own, server_limit
+        if own is not None and server_limit is not None and server_limit < own:
+            self._say_err(
+                f"MPS server {grant.server_pid}'s pinned limit ({server_limit} MiB) is "
+                f"below this job's own {LIMIT_ENV} ({own} MiB): the server's binds"
+            )
         self.thread_pct = min(pct, grant.active_thread_pct)
         self.sm_pct = min(self.job.sm_pct, self.thread_pct)
 
@@ -485,18 +522,15 @@ class SimJob:
         with gpu_lock(self.job.state_dir, gpu) as fd:
             others = [r for r in read_records(self.job.state_dir, gpu) if r.pid != self.pid]
             servers = mps_servers(others) | ({self.mps_server} if self.mps_server else set())
-            gpu_free = (
-                self.spec.memory_mib - gpu_used_mib(self.spec, others, len(servers)) - self.used_mib
+            total, gpu_free, free = room(
+                self.spec, gpu_used_mib(self.spec, others, len(servers)), self.used_mib,
+                self.limit_mib,
             )
             if context:
                 if extra_mib > gpu_free:
                     raise CudaRuntimeError(torch_cuda_error(MEMORY_ALLOCATION, self.env))
             else:
                 allocated = self.used_mib - self.spec.context_mib  # what the limit counts
-                total, free = self.spec.allocatable_mib, gpu_free
-                if self.limit_mib is not None:
-                    total = min(self.limit_mib, self.spec.allocatable_mib)
-                    free = min(gpu_free, self.limit_mib - allocated)
                 if extra_mib > free:
                     raise OutOfMemory(
                         torch_oom_message(
@@ -507,7 +541,8 @@ class SimJob:
                             self.used_mib,
                             [(r.pid, r.used_mib) for r in others],
                             torch_mib=allocated,
-                        )
+                        ),
+                        self._bound(extra_mib, gpu_free, free, others),
                     )
             advance_energy(self.job.state_dir, self.spec, gpu, fd)
             self.used_mib += extra_mib
@@ -525,6 +560,25 @@ class SimJob:
                     mps_server=self.mps_server if self.mps is not None else 0,
                 ),
             )
+
+    def _bound(self, extra_mib: int, gpu_free: int, free: int, others: list[ProcRecord]) -> str:
+        """One line saying which bound refused ``extra_mib``, with the figures."""
+        users = len({r.uid for r in others} | {os.getuid()})
+        where = (
+            f"the MPS limit ({self.limit_mib} MiB{self._limit_origin()})"
+            if free < gpu_free else "the GPU's free memory"
+        )
+        return (
+            f"allocation of {extra_mib} MiB refused by {where}: GPU {self.gpu} free "
+            f"{gpu_free} MiB, limit leaves {free} MiB; {len(others)} other process(es) of "
+            f"{users} user(s) hold {sum(r.used_mib for r in others)} MiB"
+        )
+
+    def _limit_origin(self) -> str:
+        own, server = self.own_limit_mib, self.server_limit_mib
+        if server is not None and (own is None or server < own):
+            return f", the server's; this job's own is {own} MiB" if own else ", the server's"
+        return ""
 
     def release(self) -> None:
         """Remove our record (energy folded in first); safe to call twice."""
@@ -616,6 +670,8 @@ def run(job: JobSpec, env: dict[str, str], out: TextIO, err: TextIO) -> int:
     except (OutOfMemory, CudaRuntimeError) as e:
         err.write(torch_traceback(str(e)))
         err.flush()
+        if isinstance(e, OutOfMemory) and e.detail:
+            sim._say_err(e.detail)
         return EXIT_CUDA
     finally:
         sim.release()
