@@ -22,7 +22,7 @@ from pathlib import Path
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.budget import budget_of
 from slurm_colloc.gpu.identity import GpuMap
-from slurm_colloc.mps.control import MpsDaemon
+from slurm_colloc.mps.control import MpsControlError, MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node.gpus import node_gpu_map
 from slurm_colloc.node.job import JobContext, context_to_json
@@ -251,7 +251,33 @@ def _v2_setup(
         tenancy.write_job_env(ctx.job_id, env, ctx.uid, gid)
         # server side: a client that drops its own limit (env -i, --cleanenv) gets
         # its user's total share of this GPU, not the whole GPU (docs/node.md)
-        daemon.cap_user(user_total_mib(cfg, tenancy, gpu, ctx.uid))
+        _cap_or_withdraw(ctx, tenancy, daemon, user_total_mib(cfg, tenancy, gpu, ctx.uid))
+
+
+CAP_TRIES = 2
+
+
+def _cap_or_withdraw(ctx: JobContext, tenancy: Tenancy, daemon: MpsDaemon, total: int) -> None:
+    """Raise the user's server cap to ``total``, or take MPS back from this job.
+
+    The user's running server binds every client to its cap: a job handed the pipe
+    directory while the cap still holds only its co-tenants' share dies of OOM inside
+    its own reservation (issue 24: philly90h-007, 9,728 MiB allowed, refused at 8.8
+    GiB by its user's 7,680 MiB server cap). One retry (a busy daemon); then the
+    job's env files and marker go, so the TaskProlog gives it no MPS, and the error
+    reaches the prolog's log (the collector still holds it to its allocation).
+    """
+    for attempt in range(CAP_TRIES):
+        try:
+            daemon.cap_user(total)
+            return
+        except MpsControlError:
+            if attempt + 1 < CAP_TRIES:
+                time.sleep(0.5)
+                continue
+            tenancy.forget_job_env(ctx.job_id)
+            tenancy.remove_job(ctx.job_id)
+            raise
 
 
 def _v3_setup(
