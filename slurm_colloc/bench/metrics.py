@@ -7,8 +7,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurm_colloc.bench import lag as L
 from slurm_colloc.bench.collect import JobOutcome
 from slurm_colloc.bench.sampler import GpuPoint
+from slurm_colloc.bench.trace import TraceJob
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,23 @@ class PolicyMetrics:
     time_scale: float = math.nan
     idle_while_queued: float = math.nan
     """Share of GPU samples idle while a job waited (:func:`idle_while_queued`)."""
+    start_lag_s: float = math.nan
+    """Median wall seconds from Slurm's start to the job's first process on a GPU, less
+    the clocks' quantisation (:mod:`slurm_colloc.bench.lag`): it does not compress."""
+    stretch_slurm: float = math.nan
+    """Work-weighted run time / solo work, by Slurm's start and end."""
+    stretch_gpu: float = math.nan
+    """The same from the first process on a GPU (start lag removed)."""
+    makespan_corrected_h: float = math.nan
+    """Makespan with the start lags of its critical chain at their real duration."""
+    makespan_corrected_vs_whole: float = math.nan
+    energy_corrected_kwh: float = math.nan
+    """Own-makespan energy less the idle power of the removed excess latency."""
+    energy_common_corrected_kwh: float = math.nan
+    """``energy_corrected_kwh`` plus idle power up to the last corrected makespan."""
+    energy_common_corrected_vs_whole: float = math.nan
+    idle_power_w: float = math.nan
+    """All GPUs' power with no process (median of the samples)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -91,12 +110,14 @@ def policy_metrics(
     trace: str, policy: str, outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
     *, t0: float, scale: float, n_jobs: int, fallbacks: int, wall_s: float,
     common_end: float | None = None, work_gpu_s: Mapping[str, float] | None = None,
+    trace_jobs: Sequence[TraceJob] | None = None,
 ) -> PolicyMetrics:
     """Metrics of one policy; ``t0`` is the wall time of trace second 0.
 
     ``common_end``: wall time the last policy of the replay finished (energy over the
     common window); ``work_gpu_s``: GPU-seconds of work per job name (energy per
-    completed GPU-hour).
+    completed GPU-hour); ``trace_jobs``: the trace (start lag and the figures
+    corrected for it, :func:`lag_fields`).
     """
     h = scale / 3600.0
     done = [o for o in outcomes if not o.lost and o.end is not None]
@@ -115,7 +136,48 @@ def policy_metrics(
         requeues=sum(o.requeues for o in outcomes), fallbacks=fallbacks,
         makespan_vs_whole=math.nan, energy_vs_whole=math.nan, wall_s=wall_s,
         **_common(points, t0, common_end, done, work_gpu_s), time_scale=scale,
+        **(lag_fields(outcomes, points, trace_jobs, t0=t0, scale=scale,
+                      energy_kwh=energy_between(points, t0, t_end) / 3.6e6)
+           if trace_jobs is not None else {}),
     )
+
+
+def lag_fields(outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
+               trace_jobs: Sequence[TraceJob], *, t0: float, scale: float,
+               energy_kwh: float) -> dict[str, float]:
+    """Start lag and the figures without its compression excess (rule: lag module).
+
+    Latency that does not scale with compression (prolog, MPS start, launch) counts at
+    its real duration in trace time; the samples' and sacct's quantisation is removed.
+    """
+    h = scale / 3600.0
+    prof = {j.name: j for j in trace_jobs}
+    jobs = [L.JobTimes(o.name, (o.submit - t0) * h, (o.start - t0) * h, (o.end - t0) * h,
+                       prof[o.name].steady_mib, prof[o.name].gpus, prof[o.name].work_s / 3600,
+                       not o.lost, o.attempts)
+            for o in outcomes if o.start is not None and o.end is not None and o.name in prof]
+    samples = [((p.t - t0) * h, p.gpu, p.memory_mib, p.processes) for p in points]
+    period = L.sample_period_s(samples, scale)
+    lags = L.debiased(L.match_lags(jobs, L.steps(samples)),
+                      L.quantisation_h(period if math.isfinite(period) else 1.0, scale))
+    known = [lg.lag_h for lg in lags if lg.lag_h is not None]
+    lag_h = L.filled(lags)
+    span, span_c = L.corrected_makespan(jobs, lag_h, scale)
+    s_slurm, s_gpu = L.stretch(jobs, lag_h)
+    idle = idle_power_w(points)
+    e_c = L.corrected_energy_kwh(energy_kwh, span - span_c, 1, idle) if jobs else math.nan
+    return {"start_lag_s": percentile(known, 50) * 3600 / scale if known else math.nan,
+            "stretch_slurm": s_slurm, "stretch_gpu": s_gpu, "makespan_corrected_h": span_c,
+            "energy_corrected_kwh": e_c, "idle_power_w": idle}
+
+
+def idle_power_w(points: Sequence[GpuPoint]) -> float:
+    """Summed idle power of all GPUs: per GPU the median power of its idle samples."""
+    total = 0.0
+    for gpu in {p.gpu for p in points}:
+        idle = [p.power_w for p in points if p.gpu == gpu and p.processes == 0]
+        total += percentile(idle, 50) if idle else 0.0
+    return total
 
 
 def _common(points: Sequence[GpuPoint], t0: float, common_end: float | None,
@@ -133,6 +195,7 @@ def _common(points: Sequence[GpuPoint], t0: float, common_end: float | None,
 
 def relative_to(rows: list[PolicyMetrics], base: str = "whole-gpu") -> list[PolicyMetrics]:
     """Fill the ``*_vs_whole`` ratios against the ``base`` policy's row."""
+    rows = _common_corrected(rows)
     ref = next((r for r in rows if r.policy == base), None)
     if ref is None:
         return rows
@@ -145,9 +208,25 @@ def relative_to(rows: list[PolicyMetrics], base: str = "whole-gpu") -> list[Poli
         replace(r, makespan_vs_whole=ratio(r.makespan_h, ref.makespan_h),
                 energy_vs_whole=ratio(r.energy_kwh, ref.energy_kwh),
                 energy_common_vs_whole=ratio(r.energy_common_kwh, ref.energy_common_kwh),
-                kwh_per_gpu_h_vs_whole=ratio(r.kwh_per_gpu_h, ref.kwh_per_gpu_h))
+                kwh_per_gpu_h_vs_whole=ratio(r.kwh_per_gpu_h, ref.kwh_per_gpu_h),
+                makespan_corrected_vs_whole=ratio(r.makespan_corrected_h,
+                                                  ref.makespan_corrected_h),
+                energy_common_corrected_vs_whole=ratio(r.energy_common_corrected_kwh,
+                                                       ref.energy_common_corrected_kwh))
         for r in rows
     ]
+
+
+def _common_corrected(rows: list[PolicyMetrics]) -> list[PolicyMetrics]:
+    """Corrected energy over the common window: idle power up to the last corrected end."""
+    from dataclasses import replace
+
+    spans = [r.makespan_corrected_h for r in rows if math.isfinite(r.makespan_corrected_h)]
+    if not spans:
+        return rows
+    end = max(spans)
+    return [replace(r, energy_common_corrected_kwh=r.energy_corrected_kwh + r.idle_power_w
+                    * (end - r.makespan_corrected_h) / 1000.0) for r in rows]
 
 
 def idle_while_queued(

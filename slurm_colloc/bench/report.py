@@ -64,8 +64,9 @@ def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
     head = ("| policy | done/jobs | lost | makespan h | vs whole | mean JCT h | p95 JCT h "
             "| mean wait h | GPU busy | energy kWh (common window) | vs whole "
             "| kWh per done GPU-h | vs whole | energy kWh (own makespan) | OOM crashes "
-            "| requeues | fallbacks | wall s |")
-    sep = "|" + "---|" * 18
+            "| requeues | fallbacks | wall s | start lag s (real) "
+            "| makespan vs whole, lag at real duration | stretch Slurm / GPU time |")
+    sep = "|" + "---|" * 21
     lines = [head, sep]
     for r in rows:
         lines.append(
@@ -74,7 +75,9 @@ def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
             f"| {r.mean_wait_h:.2f} | {r.gpu_busy_share:.0%} | {r.energy_common_kwh:.1f} "
             f"| {r.energy_common_vs_whole:.2f}x | {r.kwh_per_gpu_h:.3f} "
             f"| {r.kwh_per_gpu_h_vs_whole:.2f}x | {r.energy_kwh:.1f} | {r.oom_crashes} "
-            f"| {r.requeues} | {r.fallbacks} | {r.wall_s:.0f} |"
+            f"| {r.requeues} | {r.fallbacks} | {r.wall_s:.0f} | {r.start_lag_s:.2f} "
+            f"| {r.makespan_corrected_vs_whole:.2f}x | {r.stretch_slurm:.2f} / "
+            f"{r.stretch_gpu:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -91,6 +94,12 @@ SUMMARY_METRICS = (
     ("oom_crashes", "OOM crashes", "{:.0f}"),
     ("gpu_busy_share", "GPU busy", "{:.2f}"),
     ("idle_while_queued", "GPU idle while jobs wait", "{:.3f}"),
+    ("start_lag_s", "start lag s (real)", "{:.2f}"),
+    ("makespan_corrected_vs_whole", "makespan vs whole, lag at real duration", "{:.2f}x"),
+    ("energy_common_corrected_vs_whole", "energy (common window) vs whole, lag at real "
+     "duration", "{:.2f}x"),
+    ("stretch_slurm", "stretch by Slurm time", "{:.2f}"),
+    ("stretch_gpu", "stretch by GPU time", "{:.2f}"),
 )
 
 
