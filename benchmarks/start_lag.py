@@ -122,6 +122,83 @@ def _fit(points: list[tuple[int, float]]) -> dict[str, float]:
             "r": round(r, 3), "k_median": statistics.median(xs), "n": len(points)}
 
 
+def _load_points(jobs: list[L.JobTimes], lags: list[L.Lag], starts: dict[str, list[float]],
+                 scale: float) -> list[tuple[int, float]]:
+    """(colloc prologs started in the 10 wall s before, lag in real s) of matched jobs."""
+    prologs = sorted(t for p, v in starts.items() if p in COLLOC for t in v)
+    by = {j.name: j for j in jobs}
+    win = 10 * scale / 3600
+    return [(_concurrent(prologs, by[lg.name].start_h, win), lg.lag_h * 3600 / scale)
+            for lg in lags if lg.lag_h is not None]
+
+
+def held_out(all_runs: dict[str, dict[str, dict[str, object]]], fit_on: str,
+             ) -> dict[str, object]:
+    """Fit lag_s = a + b * prologs on the ``fit_on`` runs, predict every other run.
+
+    Per policy; the prediction of a run is the median of a + b * k over its jobs,
+    checked against the median lag measured there (never used in the fit).
+    """
+    out: dict[str, object] = {"fit_on": fit_on}
+    for policy in ("whole-gpu", *COLLOC):
+        train = [pt for lbl, pols in all_runs.items() if lbl.startswith(fit_on)
+                 and policy in pols for pt in pols[policy]["load_points"]]  # type: ignore[attr-defined]
+        f = _fit(train)
+        if not f:
+            continue
+        checks = {}
+        for lbl, pols in all_runs.items():
+            if lbl.startswith(fit_on) or policy not in pols:
+                continue
+            pts = pols[policy]["load_points"]
+            pred = statistics.median(f["intercept_s"] + f["slope_s_per_prolog"] * k
+                                     for k, _ in pts)  # type: ignore[attr-defined]
+            obs = statistics.median(y for _, y in pts)  # type: ignore[attr-defined]
+            checks[lbl] = {"predicted_s": round(pred, 2), "measured_s": round(obs, 2),
+                           "error_s": round(pred - obs, 2)}
+        out[policy] = {"fit": f, "held_out": checks}
+    return out
+
+
+def _rate_points(jobs: dict[str, list[L.JobTimes]], lags: list[L.Lag], scale: float,
+                 ) -> list[tuple[float, float]]:
+    """(starts per wall s in the 60 s before, every cluster; lag in real s) per matched job."""
+    all_starts = sorted(j.start_h for js in jobs.values() for j in js)
+    by = {j.name: j for js in jobs.values() for j in js}
+    win = 60 * scale / 3600
+    return [(_concurrent(all_starts, by[lg.name].start_h, win) / 60, lg.lag_h * 3600 / scale)
+            for lg in lags if lg.lag_h is not None]
+
+
+def queue_fit(all_runs: dict[str, dict[str, dict[str, object]]], fit_on: tuple[str, ...],
+              ) -> dict[str, object]:
+    """Per-run median lag against the host's start rate: ``lag = s / (1 - c * rate)``.
+
+    The host (2 cores, every cluster) as one queue: ``s`` the lag of an unloaded
+    start, ``1 / c`` the start rate that saturates it. Fitted by grid search on the
+    colloc runs of ``fit_on``, checked on the others.
+    """
+    pts = {(p, lbl): (statistics.median(x for x, _ in r["rate_points"]),  # type: ignore[attr-defined]
+                      statistics.median(y for _, y in r["rate_points"]))  # type: ignore[attr-defined]
+           for lbl, pols in all_runs.items() for p, r in pols.items()
+           if p in COLLOC and r["rate_points"]}
+    fit = [k for k in pts if k[1].startswith(fit_on)]
+
+    def err(sv: float, c: float) -> float:
+        if any(c * pts[k][0] >= 0.99 for k in fit):
+            return math.inf
+        return sum((sv / (1 - c * pts[k][0]) - pts[k][1]) ** 2 for k in fit)
+
+    _, sv, c = min((err(a / 100, b / 1000), a / 100, b / 1000)
+                   for a in range(5, 300, 5) for b in range(100, 1000, 5))
+    rows = {f"{p} {lbl}": {"rate_per_s": round(r, 2), "measured_s": round(y, 2),
+                           "predicted_s": round(sv / (1 - c * r), 2) if c * r < 1 else math.inf,
+                           "held_out": (p, lbl) not in fit}
+            for (p, lbl), (r, y) in sorted(pts.items())}
+    return {"fit_on": list(fit_on), "s_unloaded_s": sv, "capacity_starts_per_s": round(1 / c, 2),
+            "runs": rows}
+
+
 def _idle_w(ts: pd.DataFrame) -> float:
     idle = ts[ts.processes == 0].power_w
     return float(idle.median()) if len(idle) else 0.0
@@ -150,8 +227,9 @@ def analyse_run(run_dir: Path, name: str, scale: float) -> dict[str, dict[str, o
                        float(met.loc[policy, "energy_kwh"]))
         r["sample_period_s"] = round(period, 3)
         r["lag_as_measured"] = _dist([lg.lag_h for lg in raw if lg.lag_h is not None], scale)
-        if policy in COLLOC:
-            r["decomposition"] = decompose(js, lags, users, starts, scale)
+        r["decomposition"] = decompose(js, lags, users, starts, scale)
+        r["load_points"] = _load_points(js, lags, starts, scale)
+        r["rate_points"] = _rate_points(jobs, lags, scale)
         out[policy] = r
     _ratios(out)
     return out
@@ -283,12 +361,29 @@ def main(argv: list[str] | None = None) -> int:
     all_runs = {label: analyse_run(d, trace, scale)
                 for trace, label, scale, d in runs(a.results)}
     cmp_ = compare_scales(all_runs)
+    check = held_out(all_runs, "philly90h/x120/")
+    queue = queue_fit(all_runs, ("heavy60h/", "philly90h/x120/"))
+    for pols in all_runs.values():
+        for r in pols.values():
+            r.pop("load_points", None)
+            r.pop("rate_points", None)
     sys.stdout.write(table(all_runs))
+    for policy, v in check.items():
+        if isinstance(v, dict):
+            sys.stdout.write(f"load fit {policy} on {check['fit_on']}: {json.dumps(v['fit'])}\n")
+            for lbl, c in v["held_out"].items():
+                sys.stdout.write(f"  held out {lbl}: {json.dumps(c)}\n")
     for key, v in cmp_.items():
         for metric, c in v.items():  # type: ignore[union-attr]
             if metric.endswith("_vs_whole") or metric.startswith(("stretch", "makespan")):
                 sys.stdout.write(f"{key} {metric}: {json.dumps(c)}\n")
-    a.out.write_text(json.dumps({"runs": all_runs, "scales": cmp_}, indent=1) + "\n")
+    sys.stdout.write(f"queue fit on {queue['fit_on']}: s = {queue['s_unloaded_s']} s, "
+                     f"capacity {queue['capacity_starts_per_s']} starts/s\n")
+    for k, v in queue["runs"].items():  # type: ignore[attr-defined]
+        sys.stdout.write(f"  {k}: {json.dumps(v)}\n")
+    a.out.write_text(json.dumps({"runs": all_runs, "scales": cmp_, "load_fit": check,
+                                 "queue_fit": queue},
+                                indent=1) + "\n")
     return 0
 
 
