@@ -221,8 +221,10 @@ def analyse_run(run_dir: Path, name: str, scale: float) -> dict[str, dict[str, o
     for policy, js in jobs.items():
         samples = _samples(ts[ts.policy == policy])
         period = L.sample_period_s(samples, scale)
-        raw = L.match_lags(js, L.steps(samples))
-        lags = L.debiased(raw, L.quantisation_h(period, scale))
+        raw, exact = _exact_lags(run_dir, name, policy, js)
+        if raw is None:  # no ledger in this run: read the lags off the samples
+            raw = L.match_lags(js, L.steps(samples))
+        lags = L.debiased(raw, L.quantisation_h(0.0 if exact else period, scale))
         r = _corrected(js, lags, scale, ts[ts.policy == policy],
                        float(met.loc[policy, "energy_kwh"]))
         r["sample_period_s"] = round(period, 3)
@@ -233,6 +235,18 @@ def analyse_run(run_dir: Path, name: str, scale: float) -> dict[str, dict[str, o
         out[policy] = r
     _ratios(out)
     return out
+
+
+def _exact_lags(run_dir: Path, name: str, policy: str, js: list[L.JobTimes],
+                ) -> tuple[list[L.Lag] | None, bool]:
+    """Lags from the jobs CSV's ``first_gpu_h`` (the replay's GPU ledger), if it has one."""
+    jobs = pd.read_csv(run_dir / f"{name}_jobs.csv")
+    if "first_gpu_h" not in jobs or jobs.first_gpu_h.isna().all():
+        return None, False
+    first = {str(j): float(f) for j, f, p in zip(jobs.job, jobs.first_gpu_h, jobs.policy,
+                                                 strict=True) if p == policy and f == f}
+    return [L.Lag(j.name, max(0.0, first[j.name] - j.start_h) if j.name in first else None,
+                  None) for j in js], True
 
 
 def _corrected(js: list[L.JobTimes], lags: list[L.Lag], scale: float, pts: pd.DataFrame,

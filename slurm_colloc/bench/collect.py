@@ -15,10 +15,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.slurm.adapter import AccountingRecord, SlurmAdapter, by_start
+
+
+class ProcRecordLike(Protocol):
+    """What :class:`GpuLedger` reads of a sim process record (``gpu.sim.state.ProcRecord``)."""
+
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def started(self) -> float: ...
+
 
 OOM_TEXT = "torch.OutOfMemoryError"
 _GRES = re.compile(r"gres/(gpu|shard)=(\d+)")
@@ -45,6 +58,9 @@ class JobOutcome:
     need_mib: int | None
     """What job_submit reserved the job for (colloc1 record), if it ran through it."""
     mode: str
+    first_on_gpu: float | None = None
+    """Wall time the job's first process registered on a GPU (:class:`GpuLedger`);
+    None where the replay did not keep a ledger (results before issue 24)."""
 
     @property
     def lost(self) -> bool:
@@ -123,6 +139,63 @@ def collect(
         job_rows = sorted(rows.get(str(jid), []), key=lambda r: r.fields.get("Start", ""))
         out.append(outcome(name, jid, job_rows, text))
     return out
+
+
+@dataclass(frozen=True)
+class GpuSeen:
+    """When one Slurm job was on the simulated GPUs, from the sim's own process records."""
+
+    job_id: str
+    gpus: frozenset[int]
+    first: float
+    """Earliest ``started`` of its records: when its process registered on a GPU."""
+    last: float
+    """Wall time of the last observation that still listed it."""
+
+
+class GpuLedger:
+    """First and last time each job had a process on a GPU, by Slurm job id.
+
+    Why: the per-GPU samples say how many processes a GPU has, not whose, so a job's
+    start lag (Slurm start -> first process) could only be inferred from memory steps
+    (:mod:`slurm_colloc.bench.lag`), with 1 s samples that are 2 trace minutes at x120.
+    The sim's records carry the job id and the wall time the process registered: one
+    observation while the job lives gives its start to the millisecond. Observe from
+    the sampler's loop (``ledger.observe(read_records(state_dir), time.time())``).
+    """
+
+    def __init__(self) -> None:
+        """An empty ledger."""
+        self.seen: dict[str, GpuSeen] = {}
+
+    def observe(self, records: Sequence[ProcRecordLike], now: float) -> None:
+        """Fold one snapshot of live records (every GPU) into the ledger."""
+        for r in records:
+            if not r.job_id:
+                continue
+            old = self.seen.get(r.job_id)
+            started = r.started or now
+            if old is None:
+                self.seen[r.job_id] = GpuSeen(r.job_id, frozenset({r.gpu}), started, now)
+            else:
+                self.seen[r.job_id] = GpuSeen(r.job_id, old.gpus | {r.gpu},
+                                              min(old.first, started), max(old.last, now))
+
+    def first_on_gpu(self, job_id: int | str) -> float | None:
+        """When the job's first process registered on a GPU (None: never seen)."""
+        seen = self.seen.get(str(job_id))
+        return seen.first if seen is not None else None
+
+
+def with_ledger(outcomes: Sequence[JobOutcome], ledger: GpuLedger) -> list[JobOutcome]:
+    """The outcomes with :attr:`JobOutcome.first_on_gpu` filled from ``ledger``.
+
+    A requeued job's records of every attempt share its id: the earliest is its
+    first attempt's, the one :attr:`JobOutcome.start` is about.
+    """
+    from dataclasses import replace
+
+    return [replace(o, first_on_gpu=ledger.first_on_gpu(o.job_id)) for o in outcomes]
 
 
 def records_settled(slurm: SlurmAdapter, jobs: Mapping[str, int]) -> bool:

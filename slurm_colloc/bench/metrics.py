@@ -156,10 +156,7 @@ def lag_fields(outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
                        prof[o.name].steady_mib, prof[o.name].gpus, prof[o.name].work_s / 3600,
                        not o.lost, o.attempts)
             for o in outcomes if o.start is not None and o.end is not None and o.name in prof]
-    samples = [((p.t - t0) * h, p.gpu, p.memory_mib, p.processes) for p in points]
-    period = L.sample_period_s(samples, scale)
-    lags = L.debiased(L.match_lags(jobs, L.steps(samples)),
-                      L.quantisation_h(period if math.isfinite(period) else 1.0, scale))
+    lags = _lags(outcomes, points, jobs, t0=t0, scale=scale)
     known = [lg.lag_h for lg in lags if lg.lag_h is not None]
     lag_h = L.filled(lags)
     span, span_c = L.corrected_makespan(jobs, lag_h, scale)
@@ -169,6 +166,25 @@ def lag_fields(outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
     return {"start_lag_s": percentile(known, 50) * 3600 / scale if known else math.nan,
             "stretch_slurm": s_slurm, "stretch_gpu": s_gpu, "makespan_corrected_h": span_c,
             "energy_corrected_kwh": e_c, "idle_power_w": idle}
+
+
+def _lags(outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
+          jobs: Sequence[L.JobTimes], *, t0: float, scale: float) -> list[L.Lag]:
+    """Exact lags from the ledger where the replay kept one, else matched on the samples.
+
+    Either way less the clocks' mean overstatement: sacct's whole second always, half
+    a sample period only for lags read from samples.
+    """
+    h = scale / 3600.0
+    if any(o.first_on_gpu is not None for o in outcomes):
+        first = {o.name: o.first_on_gpu for o in outcomes if o.first_on_gpu is not None}
+        raw = [L.Lag(j.name, max(0.0, (first[j.name] - t0) * h - j.start_h)
+                     if j.name in first else None, None) for j in jobs]
+        return L.debiased(raw, L.quantisation_h(0.0, scale))
+    samples = [((p.t - t0) * h, p.gpu, p.memory_mib, p.processes) for p in points]
+    period = L.sample_period_s(samples, scale)
+    return L.debiased(L.match_lags(jobs, L.steps(samples)),
+                      L.quantisation_h(period if math.isfinite(period) else 1.0, scale))
 
 
 def idle_power_w(points: Sequence[GpuPoint]) -> float:

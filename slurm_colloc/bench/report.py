@@ -31,7 +31,7 @@ def outcomes_csv(policy_outcomes: Mapping[str, Sequence[JobOutcome]], t0: float,
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["policy", "job", "job_id", "state", "attempts", "submit_h", "start_h", "end_h",
-                "oom_crashes", "requeues", "gres", "need_mib", "mode"])
+                "oom_crashes", "requeues", "gres", "need_mib", "mode", "first_gpu_h"])
     h = scale / 3600.0
 
     def rel(t: float | None) -> str:
@@ -41,7 +41,8 @@ def outcomes_csv(policy_outcomes: Mapping[str, Sequence[JobOutcome]], t0: float,
         for o in outs:
             w.writerow([policy, o.name, o.job_id, o.state, o.attempts, rel(o.submit),
                         rel(o.start), rel(o.end), o.oom_crashes, o.requeues, o.gres,
-                        o.need_mib if o.need_mib is not None else "", o.mode])
+                        o.need_mib if o.need_mib is not None else "", o.mode,
+                        rel(o.first_on_gpu)])
     return buf.getvalue()
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import pytest
 
 from slurm_colloc.bench import lag as L
 from slurm_colloc.bench import metrics, report
-from slurm_colloc.bench.collect import JobOutcome
+from slurm_colloc.bench.collect import GpuLedger, JobOutcome, with_ledger
 from slurm_colloc.bench.sampler import GpuPoint
 from slurm_colloc.bench.trace import TraceJob
 
@@ -124,8 +125,6 @@ def test_policy_metrics_report_the_lag_at_real_duration() -> None:
 
 def test_relative_to_fills_the_corrected_ratios_and_the_corrected_common_window() -> None:
     slow, fast = _policy(11.0), _policy(1.0)
-    from dataclasses import replace
-
     rows = metrics.relative_to([replace(fast, policy="whole-gpu"), slow])
     whole, colloc = rows
     assert colloc.makespan_corrected_vs_whole == pytest.approx(
@@ -147,3 +146,39 @@ def test_without_the_trace_the_lag_fields_stay_unknown() -> None:
     m = metrics.policy_metrics("t", "colloc", outs, pts, t0=0.0, scale=SCALE, n_jobs=1,
                                fallbacks=0, wall_s=4.0)
     assert math.isnan(m.start_lag_s) and math.isnan(m.makespan_corrected_h)
+
+
+@dataclass(frozen=True)
+class _Rec:
+    gpu: int
+    job_id: str
+    started: float
+
+
+def test_the_ledger_keeps_each_jobs_first_registration_across_gpus_and_rewrites() -> None:
+    ledger = GpuLedger()
+    ledger.observe([_Rec(0, "7", 100.2), _Rec(1, "", 99.0)], now=101.0)
+    # the sim rewrites ``started`` when the process grows: the earliest one stays
+    ledger.observe([_Rec(0, "7", 130.0), _Rec(2, "7", 100.5)], now=131.0)
+    seen = ledger.seen["7"]
+    assert seen.first == 100.2 and seen.gpus == {0, 2} and seen.last == 131.0
+    assert "" not in ledger.seen and ledger.first_on_gpu(8) is None
+    outs = with_ledger([_outcome(7, 98.0)], ledger)
+    assert outs[0].first_on_gpu == 100.2
+    csv_text = report.outcomes_csv({"colloc": outs}, t0=0.0, scale=SCALE)
+    header, row = csv_text.splitlines()
+    assert header.endswith(",first_gpu_h") and row.endswith(f",{100.2 * H:.3f}")
+
+
+def _outcome(job_id: int, start: float, end: float = 140.0) -> JobOutcome:
+    return JobOutcome("j", job_id, "COMPLETED", 1, 0.0, start, end, 0, 0, "gpu=1", None, "")
+
+
+def test_lag_fields_take_the_ledger_over_the_samples() -> None:
+    # the samples would say "unrecognised" (no memory step): the ledger says 5 s
+    pts = [GpuPoint(float(t), 0, 512, 0.0, 100.0, 100.0 * t, 0) for t in range(150)]
+    out = replace(_outcome(7, 10.0), first_on_gpu=15.0)
+    m = metrics.policy_metrics("t", "colloc", [out], pts, t0=0.0, scale=SCALE, n_jobs=1,
+                               fallbacks=0, wall_s=140.0,
+                               trace_jobs=[_trace_job("j", 4000, 100 * SCALE)])
+    assert m.start_lag_s == pytest.approx(4.5)  # less sacct's half second only
