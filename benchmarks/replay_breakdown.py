@@ -19,19 +19,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from slurm_colloc.bench import lag as L
 from slurm_colloc.bench.metrics import idle_while_queued
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def breakdown(run_dir: Path, name: str) -> dict[str, dict[str, float]]:
-    """Per policy figures of one run."""
+def breakdown(run_dir: Path, name: str, scale: float = 120.0) -> dict[str, dict[str, float]]:
+    """Per policy figures of one run (``scale``: its time scale, for the sample clock)."""
     jobs = pd.read_csv(run_dir / f"{name}_jobs.csv")
     tr = pd.read_csv(run_dir / f"{name}_trace.csv")
     if "gpus" not in tr:
         tr["gpus"] = 1
     ts = pd.read_csv(run_dir / f"{name}_gpu_timeseries.csv")
-    j = jobs.merge(tr[["name", "work_s", "gpus"]], left_on="job", right_on="name")
+    j = jobs.merge(tr[["name", "work_s", "gpus", "steady_mib"]], left_on="job", right_on="name")
     out: dict[str, dict[str, float]] = {}
     for policy, g in j.groupby("policy"):
         done = g[g.state == "COMPLETED"]
@@ -53,8 +54,22 @@ def breakdown(run_dir: Path, name: str) -> dict[str, dict[str, float]]:
             r["multi_gpu_first_start_h"] = round(float(multi.start_h.min()), 3)
             r["multi_gpu_last_end_h"] = round(float(multi.end_h.max()), 3)
             r["multi_gpu_span_h"] = round(float(multi.end_h.max() - multi.start_h.min()), 3)
+        r.update(_weighted_stretch(g, ts[ts.policy == policy], scale))
         out[str(policy)] = r
     return out
+
+
+def _weighted_stretch(g: pd.DataFrame, ts: pd.DataFrame, scale: float) -> dict[str, float]:
+    """Work-weighted stretch by Slurm's times and by GPU time (start lag removed, issue 24)."""
+    jobs = [L.JobTimes(str(r.job), r.submit_h, r.start_h, r.end_h, int(r.steady_mib),
+                       int(r.gpus), r.work_s / 3600, r.state == "COMPLETED", int(r.attempts))
+            for r in g.itertuples() if r.start_h == r.start_h and r.end_h == r.end_h]
+    samples = list(zip(ts.t_h, ts.gpu, ts.memory_mib, ts.processes, strict=True))
+    period = L.sample_period_s(samples, scale)
+    lags = L.debiased(L.match_lags(jobs, L.steps(samples)), L.quantisation_h(period, scale))
+    slurm, gpu = L.stretch(jobs, L.filled(lags))
+    return {"stretch_work_weighted_slurm": round(slurm, 3),
+            "stretch_work_weighted_gpu": round(gpu, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     runs = sorted((a.results / a.trace).glob(f"x*/run*/{a.trace}_jobs.csv"))
-    r = {str(p.parent.relative_to(a.results)): breakdown(p.parent, a.trace) for p in runs}
+    r = {str(p.parent.relative_to(a.results)):
+         breakdown(p.parent, a.trace, float(p.parent.parent.name.lstrip("x"))) for p in runs}
     text = json.dumps(r, indent=1)
     if a.out:
         a.out.write_text(text + "\n")
