@@ -50,6 +50,7 @@ PUBLISHED: dict[str, dict[str, dict[str, float]]] = {
         "magm-80-est": {"makespan": 0.75, "ooms": 0},  # "around 25 %", GPUMemNet
         "owf": {"makespan": 0.6987},  # "30.13 % improvement"
         "off": {}, "obf": {}, "olug": {},
+        "off-mem": {},  # the replayer's colloc-oracle rule: no published figure
     },
     "thesis60": {
         "exclusive": {"energy": 1.0, "ooms": 0},
@@ -58,6 +59,7 @@ PUBLISHED: dict[str, dict[str, dict[str, float]]] = {
         "magm-80-2g": {"energy": 28.781 / 33.198, "ooms": 4},
         "lug-80-2g": {"ooms": 4},
         "magm-80-est": {"energy": 28.502 / 33.198, "ooms": 1},  # GPUMemNet
+        "owf": {}, "off-mem": {},
     },
 }
 """Ratios to exclusive. ``magm-*-est`` use the trace's memory guess (user-like error,

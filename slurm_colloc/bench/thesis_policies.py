@@ -186,4 +186,7 @@ def thesis_policies() -> dict[str, Policy]:
         "obf": oracle("obf", "least_free"),
         "owf": oracle("owf", "most_free"),
         "olug": oracle("olug", "least_smact"),
+        # not the thesis's: the replayer's colloc-oracle rule (true memory, first fit, no
+        # SMACT gate, no margin), to tell the contention model from the replay's lags
+        "off-mem": Gated("off-mem", order="first", smact_max=None, memory="oracle"),
     }

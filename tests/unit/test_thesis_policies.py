@@ -74,6 +74,12 @@ def test_oracle_counts_true_peaks_with_a_2gb_margin_and_strict_smact() -> None:
     assert thesis_policies()["off"].choose(JOB, gpus[::-1]) == 1
 
 
+def test_memory_only_first_fit_ignores_smact_like_the_replayers_oracle() -> None:
+    p = thesis_policies()["off-mem"]
+    gpus = [_gpu(0, peaks=33 * GIB, smact=10.0), _gpu(1, peaks=32 * GIB, smact=99.0)]
+    assert p.choose(JOB, gpus) == 1  # 8 GiB fit exactly, no margin, SMACT ignored
+
+
 def test_estimate_gate_needs_the_estimate_to_fit() -> None:
     p = thesis_policies()["magm-est"]
     assert p.choose(JOB, [_gpu(0, used=31 * GIB)]) is None  # 9 GiB free < 10 estimated
