@@ -172,3 +172,12 @@ def test_energy_over_a_common_window_adds_idle_gpus() -> None:
     assert r.energy_over(r.makespan_s + 100.0) == pytest.approx(
         r.energy_j + 100.0 * 2 * CFG.idle_w)
     assert r.energy_over(0.0) == r.energy_j
+
+
+def test_the_monitor_lags_so_a_gated_policy_admits_a_job_it_would_refuse_later() -> None:
+    busy = (_job("a", sm_pct=95.0), _job("b", arrival=40.0, sm_pct=95.0))
+    lagged = simulate(_trace(*busy), thesis_policies()["magm-80-5g"], CFG)
+    assert lagged.jobs["b"].last_start < lagged.jobs["a"].finish  # 90 s mean still low
+    instant = SimConfig(dt=5.0, decision_s=5.0, startup_s=30.0, window_s=5.0)
+    r = simulate(_trace(*busy), thesis_policies()["magm-80-5g"], instant)
+    assert r.jobs["b"].last_start >= r.jobs["a"].finish  # sees 95 % and waits
