@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_colloc.bench import plots, report
+from slurm_colloc.bench.collect import with_ledger
 from slurm_colloc.bench.metrics import PolicyMetrics, last_end, policy_metrics, relative_to
 from slurm_colloc.bench.policies import Policy
 from slurm_colloc.bench.replayer import ReplayConfig, Replayer
@@ -64,11 +65,12 @@ def replay(
         if r.error:
             log.error("%s: %s", r.policy.name, r.error)
         assert r.sampler is not None
+        r.outcomes = with_ledger(r.outcomes, r.sampler.ledger)  # exact start lags
         wall = (r.finished_wall or time.time()) - rp.t0
         rows.append(policy_metrics(
             trace.name, r.policy.name, r.outcomes, r.sampler.points, t0=rp.t0,
             scale=cfg.time_scale, n_jobs=len(trace.jobs), fallbacks=len(r.fallbacks),
-            wall_s=wall, common_end=common_end, work_gpu_s=work,
+            wall_s=wall, common_end=common_end, work_gpu_s=work, trace_jobs=trace.jobs,
         ))
     rows = relative_to(rows)
     total = time.time() - t_start

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_colloc.bench.collect import GpuLedger
 from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.gpu.sim.backend import SimBackend
+from slurm_colloc.gpu.sim.state import read_records
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,19 @@ class GpuSampler:
     def __init__(self, state_dir: Path, period: float = 1.0) -> None:
         """Open the sim backend now (a bad state dir fails before the replay)."""
         self.backend = SimBackend(state_dir)
+        self.state_dir = state_dir
         self.period = period
         self.points: list[GpuPoint] = []
+        self.ledger = GpuLedger()
+        """When each job first had a process on a GPU (its start lag, to the ms)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
 
     def sample_once(self) -> None:
-        """Take one sample of every GPU."""
+        """Take one sample of every GPU, and note which jobs have processes on them."""
         try:
             samples = self.backend.sample_all()
+            self.ledger.observe(read_records(self.state_dir, clean=False), time.time())
         except (GpuBackendError, OSError):
             return
         for s in samples:
