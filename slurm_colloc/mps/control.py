@@ -75,14 +75,39 @@ def write_root_file(path: Path, text: str, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
+NVIDIA_PROGRAMS = frozenset({"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"})
+
+
 def _runs_program(pid: int, binary: str) -> bool:
-    """The process is ``binary``: its executable, or the script an interpreter runs."""
+    """The process is ``binary``: its executable, or the script an interpreter runs.
+
+    NVIDIA's own programs also match by name: a node may reach the driver's
+    ``nvidia-cuda-mps-control`` through a wrapper or a second copy (container images
+    put the driver's tools under ``/usr/local/nvidia/bin`` and a launcher in
+    ``/usr/bin``), and the process then runs the driver's file, not the configured
+    one. The other checks (root's uid, the pipe directory in its environment, the
+    start time) still tie the process to the daemon root started.
+    """
     want = os.path.realpath(binary)
     with contextlib.suppress(OSError):
-        if os.path.realpath(os.readlink(f"/proc/{pid}/exe")) == want:
+        exe = os.path.realpath(os.readlink(f"/proc/{pid}/exe"))
+        if exe == want:
+            return True
+        name = os.path.basename(want)
+        if name in NVIDIA_PROGRAMS and os.path.basename(exe) == name:
             return True
     argv = (procfs.read(f"/proc/{pid}/cmdline", 1 << 16) or b"").split(b"\0")
     return any(os.path.realpath(a.decode("utf-8", "replace")) == want for a in argv[:2] if a)
+
+
+def _program_of(pid: int) -> str:
+    """What ``pid`` runs, for an error message: its executable and first two arguments."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError as e:
+        exe = f"<exe unreadable: {e.strerror}>"
+    argv = (procfs.read(f"/proc/{pid}/cmdline", 1 << 12) or b"").split(b"\0")[:2]
+    return f"{exe} (argv {[a.decode('utf-8', 'replace')[:200] for a in argv]})"
 
 
 def readback(line: str) -> tuple[str, str, str]:
@@ -134,21 +159,40 @@ class DaemonIdentity(procfs.Process):
 
     def matches(self) -> bool:
         """The live process ``pid`` is still the daemon root started (not a reused pid)."""
-        return (
-            super().matches()
-            and procfs.uid(self.pid) == os.geteuid()
-            and procfs.environ(self.pid, "CUDA_MPS_PIPE_DIRECTORY") == self.pipe_dir
-            and _runs_program(self.pid, self.binary)
-        )
+        return self.mismatch() is None
+
+    def mismatch(self) -> str | None:
+        """Why the live process ``pid`` is not this daemon (one line), or None when it is.
+
+        Named so a daemon that starts but is never recognised (a wrapper script in
+        ``mps_control``, a pid file written before the fork) says which check failed.
+        """
+        if not super().matches():
+            return f"pid {self.pid} is gone or was reused"
+        if (uid := procfs.uid(self.pid)) != os.geteuid():
+            return f"pid {self.pid} runs as uid {uid}"
+        if (pipe := procfs.environ(self.pid, "CUDA_MPS_PIPE_DIRECTORY")) != self.pipe_dir:
+            return f"pid {self.pid} has CUDA_MPS_PIPE_DIRECTORY={pipe!r}"
+        if not _runs_program(self.pid, self.binary):
+            return f"pid {self.pid} is {_program_of(self.pid)}, not {self.binary}"
+        return None
 
     @classmethod
     def learn(cls, pid: int, binary: str, pipe_dir: Path) -> DaemonIdentity | None:
         """The live process ``pid`` as the daemon of ``binary`` in ``pipe_dir``, if it matches."""
+        ident, _ = cls.learn_or_why(pid, binary, pipe_dir)
+        return ident
+
+    @classmethod
+    def learn_or_why(cls, pid: int, binary: str,
+                     pipe_dir: Path) -> tuple[DaemonIdentity | None, str]:
+        """:meth:`learn`, with why not when it is None."""
         ticks = procfs.start_ticks(pid)
         if ticks is None:
-            return None
+            return None, f"the pid file names pid {pid}, which does not run"
         ident = cls(pid, ticks, binary, str(pipe_dir))
-        return ident if ident.matches() else None
+        why = ident.mismatch()
+        return (None, why) if why else (ident, "")
 
     @classmethod
     def load(cls, path: Path) -> DaemonIdentity | None:
@@ -288,26 +332,32 @@ class MpsDaemon:
                 f"{self.binary} -d exited {cp.returncode}: {cp.stderr.strip()[:500]}"
             )
         deadline = time.monotonic() + timeout
+        why = ""
         while time.monotonic() < deadline:
-            ident = self._learn_identity()
-            if ident is not None and self._socket_present():
-                ident.save(self._state)
-                return
+            ident, why = self._learn_identity()
+            if ident is not None:
+                if self._socket_present():
+                    ident.save(self._state)
+                    return
+                why = f"no control socket in {self.pipe_dir}"
             time.sleep(0.02)
         raise MpsControlError(
-            f"MPS control daemon for GPU {self.gpu} did not come up in {timeout}s"
+            f"MPS control daemon for GPU {self.gpu} did not come up in {timeout}s: {why}"
         )
 
-    def _learn_identity(self) -> DaemonIdentity | None:
-        """Identity from the daemon's pid file while the pipe directory is root's."""
+    def _learn_identity(self) -> tuple[DaemonIdentity | None, str]:
+        """Identity from the daemon's pid file while the pipe directory is root's.
+
+        (identity, "") or (None, why not yet).
+        """
         try:
             st = self.pipe_dir.lstat()
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 raise MpsControlError(f"{self.pipe_dir} is not root's: identity not learned")
             pid = int(read_small_file(self.pipe_dir / PID_FILE).split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        return DaemonIdentity.learn(pid, self.binary, self.pipe_dir)
+        except (OSError, ValueError, IndexError) as e:
+            return None, f"pid file {self.pipe_dir / PID_FILE}: {e}"
+        return DaemonIdentity.learn_or_why(pid, self.binary, self.pipe_dir)
 
     def command(self, *lines: str, timeout: float = 10) -> str:
         """Send commands on stdin (one per line); return what the daemon printed.
