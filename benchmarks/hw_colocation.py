@@ -331,7 +331,7 @@ def run_mode(mode: str, args: argparse.Namespace, gpu: Gpu, base: str,
                 + (f"  {row.get('power_w', 0):6.1f} W util {row.get('nvml_util_pct', 0):5.1f}"
                    f" sm {row.get('sm_active_pct') or 0:5.1f}" if row.get("power_w") else ""),
                 flush=True)
-    except Exception as e:   # a mode that cannot run (MPS refused) must not lose the others
+    except Exception as e:  # noqa: BLE001 - a mode that cannot run (MPS refused) must not lose the others
         res["error"] = f"{type(e).__name__}: {e}"
         print(f"{mode}: {res['error']}", flush=True)
     finally:
@@ -339,7 +339,7 @@ def run_mode(mode: str, args: argparse.Namespace, gpu: Gpu, base: str,
             try:
                 t.send("exit")
                 t.proc.wait(timeout=20)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a stuck tenant is killed
                 t.proc.kill()
         m.stop()
     return res

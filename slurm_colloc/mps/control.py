@@ -18,6 +18,7 @@ matches that identity in ``/proc``; nothing in the pipe directory is read again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -33,6 +34,8 @@ from slurm_colloc import procfs
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
+CONTROL_SOCKET_TYPES = (socket.SOCK_SEQPACKET, socket.SOCK_STREAM)
+"""What NVIDIA's daemon listens on (SEQPACKET, seen on hardware), then the other kind."""
 STATE_FILE = "daemon.json"
 """In the (GPU, user) directory (root 0755), beside ``pipe/``: root 0600."""
 MAX_SMALL_FILE = 64
@@ -144,10 +147,33 @@ def _same_value(kind: str, got: str, want: str) -> bool:
     token = words[-1] if words else ""
     try:
         if kind == "size":
-            return parse_size_mib(token) == parse_size_mib(want)
+            return _size_shown(token, parse_size_mib(want))
         return abs(float(token) - float(want)) < 0.01
     except (SizeError, ValueError):
         return False
+
+
+_SHOWN_UNIT_MIB = {"M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _size_shown(token: str, want_mib: int) -> bool:
+    """``token`` is how the daemon shows a limit of ``want_mib``.
+
+    The driver shows a limit in whole units of the unit it prints, rounded down:
+    ``set_default_device_pinned_mem_limit 0 1536M`` reads back ``1G`` and ``2560M``
+    reads ``2G`` (H100, driver 580; ``2048M`` reads ``2G``). So a read-back in ``G``
+    confirms the limit to the GiB only; the acceptance kit's ``oom_at_limit`` check
+    measures where the limit really is.
+    """
+    import re
+
+    from slurm_colloc.units import parse_size_mib
+
+    m = re.fullmatch(r"(\d+)([MGT])", token)
+    if m is None:
+        return parse_size_mib(token) == want_mib
+    unit = _SHOWN_UNIT_MIB[m.group(2)]
+    return int(m.group(1)) == want_mib // unit
 
 
 @dataclass(frozen=True)
@@ -206,22 +232,29 @@ class DaemonIdentity(procfs.Process):
     def answers_on(self, sock_path: Path) -> bool:
         """The socket ``sock_path`` is answered by this daemon's pid, as root (``SO_PEERCRED``).
 
-        A connect that times out (a busy daemon whose backlog is full) counts while the
-        process still :meth:`matches`; a refused one (nobody listens) does not.
+        NVIDIA's control daemon listens on a ``SOCK_SEQPACKET`` socket (seen on an H100,
+        driver 580: ``/proc/net/unix`` type 0005; a stream connect fails with
+        EPROTOTYPE), so that type is tried first and a stream socket second. A connect
+        that times out (a busy daemon whose backlog is full) counts while the process
+        still :meth:`matches`; a refused one (nobody listens) does not.
         """
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(2.0)
-            sock.connect(str(sock_path))
-            pid, uid, _ = struct.unpack(
-                "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        except (TimeoutError, BlockingIOError, InterruptedError):
-            return self.matches()  # could not tell: a busy daemon, not a stranger
-        except OSError:
-            return False  # refused: nobody listens there (a dead or planted socket)
-        finally:
-            sock.close()
-        return bool(pid == self.pid and uid == os.geteuid())
+        for kind in CONTROL_SOCKET_TYPES:
+            sock = socket.socket(socket.AF_UNIX, kind)
+            try:
+                sock.settimeout(2.0)
+                sock.connect(str(sock_path))
+                pid, uid, _ = struct.unpack(
+                    "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            except (TimeoutError, BlockingIOError, InterruptedError):
+                return self.matches()  # could not tell: a busy daemon, not a stranger
+            except OSError as e:
+                if e.errno == errno.EPROTOTYPE:
+                    continue  # the other socket type
+                return False  # refused: nobody listens there (a dead or planted socket)
+            finally:
+                sock.close()
+            return bool(pid == self.pid and uid == os.geteuid())
+        return False
 
     def save(self, path: Path) -> None:
         """Keep the identity in root state (``path``, 0600), for :meth:`load`."""
