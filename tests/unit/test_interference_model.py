@@ -11,6 +11,7 @@ import pytest
 
 from slurm_colloc.gpu.sim.activity import util_from_sm_activity
 from slurm_colloc.gpu.sim.interference import (
+    CONTEXT_SWITCH_COST,
     DEFAULT_MODEL,
     TIME_SLICED,
     ContentionModel,
@@ -79,7 +80,7 @@ def test_separate_servers_time_slice_and_are_never_kinder():
     # three contexts cannot get more than one GPU's *time* between them (issue 24: on
     # their utilisation, not on their SM activity)
     g = util_from_sm_activity(80) / 100
-    assert 3 * g * rate_for(users, 1) == pytest.approx(1.0, rel=1e-6)
+    assert 3 * g * rate_for(users, 1) == pytest.approx(1.0 - CONTEXT_SWITCH_COST, rel=1e-6)
     assert TIME_SLICED.rate([30, 30]) == DEFAULT_MODEL.rate([30, 30])  # below saturation
 
 
@@ -127,10 +128,10 @@ def test_committed_json_is_what_the_script_prints():
 def test_crowded_gpu_never_does_less_than_running_its_jobs_in_turn():
     # issue 24: three jobs at 99.7 % SM got 0.90 jobs' worth of throughput between them
     # (contention summed over the others, 1 + a u^p (2u)^q = 3.3x each). Time-sliced
-    # they should get about one job's worth (the thesis: as long as in turn), under one
-    # MPS server at least that.
+    # they should get about one job's worth (the thesis: as long as in turn) less the
+    # context switches an H100 measured (0.88-0.92), under one MPS server at least one.
     for n in (3, 4, 7):
-        assert sum(TIME_SLICED.rates([99.7] * n)) == pytest.approx(1.0, rel=1e-3)
+        assert sum(TIME_SLICED.rates([99.7] * n)) == pytest.approx(0.90, rel=1e-3)
         assert sum(DEFAULT_MODEL.rates([99.7] * n)) >= 1.0 - 1e-6
 
 
@@ -158,3 +159,14 @@ def test_time_slicing_never_kinder_than_one_server_for_any_mix():
         d = [rng.uniform(1, 100) for _ in range(rng.randint(2, 7))]
         for s_ts, s_mps in zip(TIME_SLICED.slowdowns(d), DEFAULT_MODEL.slowdowns(d), strict=True):
             assert s_ts >= s_mps - 1e-9, d
+
+
+def test_context_switches_cost_what_an_h100_measured_and_less_beside_a_tiny_job():
+    # benchmarks/results/hardware: 2-4 saturating contexts did 0.88-0.92 of one job's
+    # work per second; the model said 1.0 before the switch cost (issue 24)
+    for n in (2, 3, 4):
+        assert 0.88 <= sum(TIME_SLICED.rates([95.3] * n)) <= 0.92
+    # one context dominating alternates rarely: a 5 % co-tenant costs a big job little
+    big, tiny = TIME_SLICED.effective_capacity([0.9, 0.05]), TIME_SLICED.effective_capacity([0.9, 0.9])
+    assert tiny == pytest.approx(0.90) and big > 0.99
+    assert DEFAULT_MODEL.effective_capacity([0.9, 0.9]) == DEFAULT_MODEL.capacity  # MPS: none

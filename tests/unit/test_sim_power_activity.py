@@ -101,3 +101,24 @@ def test_stored_fits_match_the_data():
     assert o["held_out"]["median"] < o["held_out_capped_sum"]["median"]
     u = mod.util_curve()
     assert u["held_out"]["median"] < 5.0
+
+
+def test_power_model_on_the_h100_runs_gemm_and_small_kernels_within_ten_percent():
+    # benchmarks/results/hardware: the assumed DRAM term (0.25) put the median error at
+    # 13 % on these runs and copies (high DRAM) drew the least power; without it 7 %
+    import json
+
+    hw = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hardware"
+    errs = []
+    for path in sorted(hw.glob("h100_colocation_run*.json")):
+        doc = json.loads(path.read_text())
+        idle, top = doc["idle"]["power_w"], doc["gpu"]["power_limit_w"]
+        for mode in doc["modes"]:
+            for r in mode["runs"]:
+                if "B" in r["combo"]:
+                    continue
+                model = power_w(r["sm_active_pct"], idle, top, r["dram_bw_pct"])
+                errs.append(abs(model - r["power_w"]) / r["power_w"])
+    assert len(errs) >= 80
+    errs.sort()
+    assert errs[len(errs) // 2] < 0.10
