@@ -6,9 +6,9 @@ Reads the committed runs (default ``benchmarks/results/hardware/h100_colocation_
 and prints, then writes to ``benchmarks/results/hardware/h100_check.json``:
 
 * **interference**: each tenant's measured speed (steps per second over its solo speed
-  in the same run) next to the replay's prediction (``slurm_colloc/gpu/sim/interference``:
-  one MPS server :data:`MPS_FIT`, separate contexts :data:`TIME_SLICED`) fed with the
-  tenants' solo SM activity (GPM, as the sim's traces carry it). The error is the
+  in the same run) next to the replay's prediction (``rate_for`` of
+  ``slurm_colloc/gpu/sim/interference``, with each tenant's MPS server as in the run)
+  fed with the tenants' solo SM activity (GPM, as the sim's traces carry it). The error is the
   absolute slowdown error, as in ``interference_fit.py``; per regime (mode, tenants,
   summed solo SM activity), and the run-to-run noise of the same combination.
 * **power**: measured board power (NVML's energy counter) against
@@ -30,13 +30,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from slurm_colloc.gpu.sim.interference import MPS_FIT, TIME_SLICED, ContentionModel
+from slurm_colloc.gpu.sim.interference import rate_for
 
 RESULTS = Path(__file__).parent / "results" / "hardware"
 
@@ -55,23 +56,36 @@ def _solo(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {w: {k: float(np.mean([x[k] for x in xs])) for k in xs[0]} for w, xs in acc.items()}
 
 
+@dataclass(frozen=True)
+class _Proc:
+    """A tenant as the simulation's ``rate_for`` sees it."""
+
+    pid: int
+    sm_pct: float
+    mps_server: int
+
+
+def _server(mode: str, i: int) -> int:
+    """The MPS server of tenant ``i``: none (ts), one (mps1), alternating two (mps2)."""
+    return {"ts": 0, "mps1": 1, "mps2": 1 + i % 2}[mode]
+
+
 def interference_rows(doc: dict[str, Any], run: str) -> list[dict[str, Any]]:
     solo = _solo(doc["modes"])
     rows = []
     for mode in doc["modes"]:
-        model: ContentionModel = MPS_FIT if mode["mode"] == "mps1" else TIME_SLICED
         for r in mode["runs"]:
             combo = r["combo"]
             if len(combo) < 2:
                 continue
             demands = [solo[w]["sm"] for w in combo]
-            pred = model.slowdowns(demands)
+            procs = [_Proc(i + 1, d, _server(mode["mode"], i)) for i, d in enumerate(demands)]
             for i, (w, t) in enumerate(zip(combo, r["tenants"], strict=True)):
                 meas = solo[w]["rate"] / (t["steps"] / t["elapsed"])
+                pred = 1.0 / rate_for(procs, i + 1)
                 rows.append({"run": run, "mode": mode["mode"], "combo": combo, "tenant": i,
                              "workload": w, "n": len(combo), "summed_sm": sum(demands),
-                             "slowdown": meas, "pred": pred[i],
-                             "err": abs(pred[i] - meas)})
+                             "slowdown": meas, "pred": pred, "err": abs(pred - meas)})
     return rows
 
 

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from slurm_colloc.gpu.sim.activity import util_from_sm_activity
+from slurm_colloc.gpu.sim.activity import sm_activity_from_util, util_from_sm_activity
 
 
 def saturation_stretch(demands: Sequence[float], capacity: float) -> float:
@@ -185,13 +185,36 @@ def model_for(tenants: Sequence[Tenant]) -> ContentionModel:
     return DEFAULT_MODEL if shares_one_server(tenants) else TIME_SLICED
 
 
+def contexts(tenants: Sequence[Tenant]) -> list[list[int]]:
+    """The GPU's contexts, as lists of tenant indices: one per MPS server (its clients),
+    one per process outside MPS."""
+    groups: dict[int, list[int]] = {}
+    alone: list[list[int]] = []
+    for i, t in enumerate(tenants):
+        if t.mps_server:
+            groups.setdefault(t.mps_server, []).append(i)
+        else:
+            alone.append([i])
+    return [*groups.values(), *alone]
+
+
+def _union_util_pct(sm_pcts: Sequence[float]) -> float:
+    """Busy time (%) of a context whose clients alone show ``sm_pcts`` SM activity."""
+    idle = math.prod(1.0 - min(1.0, util_from_sm_activity(s) / 100.0) for s in sm_pcts)
+    return 100.0 * (1.0 - idle)
+
+
 def rate_for(tenants: Sequence[Tenant], pid: int | None = None) -> float:
     """Speed, as a fraction of solo, of one job on a GPU running ``tenants``.
 
     The job is the tenant whose ``pid`` is given (the first tenant when ``pid`` is
     None or not among them). One MPS server's clients share the GPU's SMs
-    concurrently (:data:`MPS_FIT`); anything else on the GPU is a separate context,
-    and the driver time-slices contexts (:data:`TIME_SLICED`).
+    concurrently (:data:`MPS_FIT`); separate contexts (each MPS server, each process
+    outside MPS) are time-sliced by the driver (:data:`TIME_SLICED`), and the slices go
+    to *contexts*, not to processes: a server with two clients gets about the time a
+    server with one gets, which its clients then share under MPS. On an H100 the lone
+    client of one server ran 1.6x faster than each of two sharing the other
+    (``benchmarks/results/hardware``); splitting time per process gave them equal speed.
     """
     if not tenants:
         return 1.0
@@ -201,7 +224,19 @@ def rate_for(tenants: Sequence[Tenant], pid: int | None = None) -> float:
             if getattr(t, "pid", None) == pid:
                 me = i
                 break
-    return model_for(tenants).rates([t.sm_pct for t in tenants])[me]
+    sm = [t.sm_pct for t in tenants]
+    if shares_one_server(tenants):
+        return DEFAULT_MODEL.rates(sm)[me]
+    groups = contexts(tenants)
+    if all(len(g) == 1 for g in groups):
+        return TIME_SLICED.rates(sm)[me]
+    # each context's busy time as the SM activity the time-sliced model takes
+    ctx = [sm_activity_from_util(_union_util_pct([sm[i] for i in g])) for g in groups]
+    mine = next(c for c, g in enumerate(groups) if me in g)
+    sliced = TIME_SLICED.slowdowns(ctx)[mine]
+    group = groups[mine]
+    inner = DEFAULT_MODEL.slowdowns([sm[i] for i in group])[group.index(me)]
+    return 1.0 / (sliced * inner)
 
 
 def thread_cap(demand_pct: float, active_thread_pct: float) -> float:
