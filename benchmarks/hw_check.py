@@ -139,7 +139,8 @@ def power_rows(doc: dict[str, Any], run: str) -> list[dict[str, Any]]:
 def concave(th: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Load (share of max - idle) at SM activity ``s``: ``min(1, floor + k * s**gamma)``."""
     floor, k, gamma = th
-    return np.minimum(1.0, floor + k * np.power(s, gamma))
+    load: np.ndarray = np.minimum(1.0, floor + k * np.power(s, gamma))
+    return load
 
 
 def fit_power(frame: pd.DataFrame, floor: float) -> np.ndarray:
