@@ -374,9 +374,29 @@ class MpsDaemon:
                     return
                 why = f"no control socket in {self.pipe_dir}"
             time.sleep(0.02)
+        left = self._quit_unrecognised()
         raise MpsControlError(
             f"MPS control daemon for GPU {self.gpu} did not come up in {timeout}s: {why}"
+            f"{left}"
         )
+
+    def _quit_unrecognised(self) -> str:
+        """Ask whatever daemon answers in our pipe directory to quit (a failed start).
+
+        A daemon that started but was never recognised (seen on an H100: a wrapper in
+        ``mps_control``) has no identity in root state, so no later epilog or reap could
+        stop it: it would outlive the job with its pipe directory. The directory is
+        root's here (``start``'s precondition), so what listens in it is root's daemon.
+        Returns a note for the error message.
+        """
+        if not self._socket_present():
+            return ""
+        try:
+            subprocess.run([self.binary], input="quit\n", env=self._env(), capture_output=True,
+                           text=True, timeout=5, check=False, cwd="/")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"; asking it to quit failed ({e}): it may still run"
+        return "; it was asked to quit"
 
     def _learn_identity(self) -> tuple[DaemonIdentity | None, str]:
         """Identity from the daemon's pid file while the pipe directory is root's.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from slurm_colloc.mps.control import MpsDaemon
+from slurm_colloc.mps.control import MpsControlError, MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy, TenancyError, ensure_root_dir
 from slurm_colloc.node.task_prolog import export_lines
 
@@ -122,3 +123,36 @@ def test_daemon_sees_the_gpu_by_uuid_and_pci_order(tmp_path: Path) -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1234abcd"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert _standin_daemon(tmp_path)._env()["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_a_daemon_that_starts_but_is_not_recognised_is_not_left_behind(tmp_path: Path) -> None:
+    # H100 (issue 24): a wrapper in mps_control made every prolog time out with the
+    # daemon running, unknown to root state: nothing would ever have stopped it
+    if not os.path.exists(STANDIN):
+        pytest.fail(f"MPS stand-in not installed at {STANDIN}; run make venv")
+    wrapper = tmp_path / "bin" / "site-mps-launcher"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {STANDIN} "$@"\n')
+    wrapper.chmod(0o755)
+    t = Tenancy(tmp_path / "mps")
+    pipe, logdir = t.prepare_user_dirs(0, os.getuid())
+    d = MpsDaemon(str(wrapper), 0, pipe, logdir)
+    with pytest.raises(MpsControlError, match="asked to quit") as err:
+        d.start(timeout=1.5)
+    assert "not" in str(err.value)  # says which identity check failed
+    deadline = time.monotonic() + 5
+    while _daemons_in(pipe) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _daemons_in(pipe) == []
+
+
+def _daemons_in(pipe: Path) -> list[int]:
+    """Live processes whose CUDA_MPS_PIPE_DIRECTORY is ``pipe``."""
+    from slurm_colloc import procfs
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and procfs.alive(int(entry)) and \
+                procfs.environ(int(entry), "CUDA_MPS_PIPE_DIRECTORY") == str(pipe):
+            found.append(int(entry))
+    return found
