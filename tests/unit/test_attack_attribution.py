@@ -143,7 +143,7 @@ def test_a_limit_unknown_at_first_is_enforced_as_soon_as_the_meta_appears(base: 
 
 _CLIENT = (
     "import socket, sys, time\n"
-    "s = socket.socket(socket.AF_UNIX)\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
     "s.connect(sys.argv[1] + '/control')\n"
     "s.sendall(b'CLIENT 0\\n')\n"
     "print(s.makefile().readline().strip(), flush=True)\n"

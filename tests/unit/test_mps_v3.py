@@ -73,7 +73,7 @@ class UserClient:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 s.settimeout(5)
                 try:
                     s.connect(str(pipe_dir / "control"))
@@ -297,7 +297,7 @@ def test_a_fault_reaches_every_users_namespace_on_that_gpu(node, short_tmp, sim)
     env_c = node.add_job(1, sim[1], 203, USER_B, USER_B, 1024, 0)
     b = UserClient(USER_B, Path(env_b["CUDA_MPS_PIPE_DIRECTORY"]))
     c = UserClient(USER_B, Path(env_c["CUDA_MPS_PIPE_DIRECTORY"]))
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # root: user A's job, by hand
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # root: user A's job, by hand
     s.connect(str(Path(env_a["CUDA_MPS_PIPE_DIRECTORY"]) / "control"))
     s.sendall(b"CLIENT 0\n")
     assert (ExactLineReader(s).read_line() or "").startswith("READY")

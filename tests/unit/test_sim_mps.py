@@ -49,7 +49,7 @@ def daemon(tmp_path):
 
 
 def client(pipe: str, device: int = 0) -> tuple[socket.socket, str]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(os.path.join(pipe, "control"))
     s.sendall(f"CLIENT {device}\n".encode())
     s.settimeout(5)
@@ -132,7 +132,7 @@ def _client_as(uid: int, pipe: str, hold_s: float, wfd: int) -> None:
     """Forked child: become `uid`, register, report every line, hold, exit."""
     os.setgid(65534)
     os.setuid(uid)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(os.path.join(pipe, "control"))
     s.sendall(b"CLIENT 0\n")
     f = s.makefile()

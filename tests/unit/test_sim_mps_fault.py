@@ -100,7 +100,7 @@ def read(path: Path) -> str:
 
 def raw_client(pipe: str) -> tuple[socket.socket, ExactLineReader]:
     """A bare CUDA client: registers, then reads only when told to (FATAL is ignored)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(os.path.join(pipe, "control"))
     s.sendall(b"CLIENT 0\n")
     s.settimeout(TIMEOUT)

@@ -289,7 +289,7 @@ def test_simjob_waits_for_another_users_mps_server_and_says_so(tmp_path):
             os.close(r)
             os.setgid(65534)
             os.setuid(65534)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.connect(str(d / "pipe" / "control"))
             s.sendall(b"CLIENT 0\n")
             os.write(w, s.makefile().readline().encode())

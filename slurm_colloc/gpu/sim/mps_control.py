@@ -62,6 +62,7 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     NOT_READY,
     PID_FILE,
     SOCKET_NAME,
+    SOCKET_TYPE,
     VISIBLE_ENV,
     LineReader,
     MpsError,
@@ -133,7 +134,7 @@ class SelectLoop(ABC):
         """A listening socket at ``path`` (a stale one replaced), mode 0666, selected."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, SOCKET_TYPE)
         sock.bind(os.fspath(path))
         # clients of any user connect, as to the real socket (v3: a stand-in choice)
         os.chmod(path, 0o666)  # noqa: S103

@@ -89,10 +89,17 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
+SOCKET_TYPE = socket.SOCK_SEQPACKET
+"""The control socket's type: NVIDIA's daemon listens on a SEQPACKET socket (an H100,
+driver 580: ``/proc/net/unix`` type 0005; a stream connect fails with EPROTOTYPE).
+Every message the stand-in sends is one record of whole lines, so the readers below
+work unchanged; root's identity check (``slurm_colloc.mps.control``) must speak it."""
+
+
 def connect(pipe_dir: Path, timeout: float = 5.0) -> socket.socket:
     """Connect to the daemon's control socket in ``pipe_dir``."""
     path = pipe_dir / SOCKET_NAME
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, SOCKET_TYPE)
     sock.settimeout(timeout)
     try:
         sock.connect(os.fspath(path))
