@@ -480,13 +480,21 @@ class MpsDaemon:
         each running server also gets ``set_device_pinned_mem_limit PID`` (it binds
         the clients that connect afterwards). A client that drops its own variable
         then gets its user's share of the GPU, not the whole GPU.
+
+        The default goes first and the servers are listed after it: a server the
+        daemon starts between a listing and the new default would keep the old one,
+        and the job that raised the cap would die of OOM inside its own reservation
+        (issue 24, a philly90h replay: its user's server started 0.15 s after the
+        listing, with the previous job's 2,560 MiB, and the 4,608 MiB job that raised
+        the default to 7,168 MiB was refused at 3.4 GiB).
         """
         if limit_mib <= 0:
             return
-        lines = [f"set_default_device_pinned_mem_limit 0 {limit_mib}M"]
-        lines += [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M"
-                  for pid in self.server_pids()]
-        self.set_checked(*lines)
+        self.set_checked(f"set_default_device_pinned_mem_limit 0 {limit_mib}M")
+        running = [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M"
+                   for pid in self.server_pids()]
+        if running:
+            self.set_checked(*running)
 
     def server_pids(self) -> list[int]:
         """``get_server_list``: pids of the MPS servers this daemon runs."""

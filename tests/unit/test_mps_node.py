@@ -156,3 +156,41 @@ def _daemons_in(pipe: Path) -> list[int]:
                 procfs.environ(int(entry), "CUDA_MPS_PIPE_DIRECTORY") == str(pipe):
             found.append(int(entry))
     return found
+
+
+class _RacingDaemon(MpsDaemon):
+    """A daemon whose user's first client connects right after root lists the servers:
+    the server it starts takes whatever default is set at that moment."""
+
+    def __init__(self) -> None:
+        super().__init__("/bin/false", 0, Path("/nonexistent/pipe"), Path("/nonexistent/log"))
+        object.__setattr__(self, "state", {"default": 2560, "servers": {}, "listed": 0})
+
+    def server_pids(self) -> list[int]:
+        st = self.state  # type: ignore[attr-defined]
+        pids = list(st["servers"])
+        st["listed"] += 1
+        if st["listed"] == 1 and not st["servers"]:
+            st["servers"][4242] = st["default"]  # spawned just after this listing
+        return pids
+
+    def set_checked(self, *lines: str, timeout: float = 10) -> None:
+        st = self.state  # type: ignore[attr-defined]
+        for line in lines:
+            words = line.split()
+            mib = int(words[-1].rstrip("M"))
+            if words[0] == "set_default_device_pinned_mem_limit":
+                st["default"] = mib
+            else:
+                st["servers"][int(words[1])] = mib
+
+
+def test_a_server_started_while_the_cap_is_raised_gets_the_new_cap() -> None:
+    # issue 24 (philly90h replay): get_server_list found no server, the user's first
+    # client then started one with the old default (2,560 MiB), and the default went
+    # to 7,168 MiB only after: the 4,608 MiB job died of OOM inside its reservation
+    d = _RacingDaemon()
+    d.cap_user(7168)
+    st = d.state  # type: ignore[attr-defined]
+    assert st["default"] == 7168
+    assert st["servers"] == {4242: 7168}
