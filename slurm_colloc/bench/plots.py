@@ -44,7 +44,12 @@ def bars(rows: Sequence[PolicyMetrics], path: Path) -> None:
 def gpu_timelines(
     series: Mapping[str, Sequence[GpuPoint]], t0: float, scale: float, path: Path,
 ) -> None:
-    """GPU memory and SM activity over trace time, one row per policy, one line per GPU."""
+    """GPU memory and SM activity over trace time, one row per policy, one line per GPU.
+
+    Nothing is drawn when no policy has samples (a one-policy run whose sampler saw
+    nothing used to end the replay with matplotlib's "rows must be positive")."""
+    if not series:
+        return
     import matplotlib
 
     matplotlib.use("Agg")

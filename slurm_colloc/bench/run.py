@@ -103,7 +103,7 @@ def write_results(trace: Trace, rp: Replayer, rows: list[PolicyMetrics], cfg: Re
     made_plots = []
     if plots.available():
         plots.bars(rows, results / f"{name}_bars.png")
-        keep = {k: v for k, v in series.items() if k in ("whole-gpu", "colloc")}
+        keep = {k: v for k, v in series.items() if k in ("whole-gpu", "colloc")} or dict(series)
         plots.gpu_timelines(keep, rp.t0, cfg.time_scale, results / f"{name}_gpus.png")
         made_plots = [f"{name}_bars.png", f"{name}_gpus.png"]
     counts = trace.class_counts()
