@@ -7,11 +7,14 @@ Usage (as root; each policy gets its own devcluster, brought up and down here)::
     .venv/bin/python benchmarks/replay.py --trace-file my_trace.csv --gpus 4
     .venv/bin/python benchmarks/replay.py --trace philly90 --limit 8 --results /tmp/r
     .venv/bin/python benchmarks/replay.py --trace philly90h --summary-only
+    .venv/bin/python benchmarks/replay.py --trace philly90h --nodes 2 --repeats 3
 
 With ``--repeats`` (or ``--runs-dir``) every run goes to
 ``<results>/<trace>/x<scale>/run<N>/`` and ``<results>/<trace>_summary.{csv,md}`` is
 rebuilt from *all* runs on disk (median and range per policy and time scale).
-Without it, results go to ``<results>/<trace>.{csv,md}`` as before. See
+Without it, results go to ``<results>/<trace>.{csv,md}`` as before. With ``--nodes N``
+(the trace's GPUs split over N alike hosts) ``<trace>`` becomes ``<trace>_n<N>`` in
+those paths, so one-node and multi-node runs are summarised apart. See
 docs/benchmarks.md.
 """
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from slurm_colloc.bench import generators, policies, profiles, report
 from slurm_colloc.bench.metrics import PolicyMetrics, idle_while_queued
-from slurm_colloc.bench.replayer import ReplayConfig
+from slurm_colloc.bench.replayer import ReplayConfig, gpus_per_node
 from slurm_colloc.bench.run import replay
 from slurm_colloc.bench.trace import Trace
 from slurm_colloc.bench.trace_file import TraceFileError, load_trace_file
@@ -75,22 +78,26 @@ def idle_queued_by_policy(run_dir: Path, name: str) -> dict[str, float]:
     return {p: idle_while_queued(samples.get(p, []), w) for p, w in waits.items()}
 
 
-def write_summary(results: Path, name: str) -> str:
-    """Summary over every run of ``name`` on disk; returns the markdown."""
+def write_summary(results: Path, name: str, label: str | None = None) -> str:
+    """Summary over every run of trace ``name`` under ``results/<label>`` (default: the
+    trace's name); writes ``<label>_summary.{csv,md}`` and returns the markdown."""
+    label = label or name
     runs = []
-    for p in sorted((results / name).glob(f"x*/run*/{name}.csv")):
+    for p in sorted((results / label).glob(f"x*/run*/{name}.csv")):
         idle = idle_queued_by_policy(p.parent, name)
         runs.append([replace(m, idle_while_queued=idle.get(m.policy, math.nan))
                      for m in read_metrics(p)])
     rows = report.summary_rows(runs)
     rows.sort(key=lambda r: (float(r["time_scale"]), str(r["policy"])))  # type: ignore[arg-type]
-    md = (f"# {name}: median [range] over runs\n\n"
-          f"Built by `benchmarks/replay.py --trace {name} --summary-only` from "
-          f"`{name}/x*/run*/{name}.csv`. Energy over the common window (until the last "
+    nodes = label[len(name) + 2:] if label.startswith(f"{name}_n") else ""
+    how = f" --nodes {nodes}" if nodes else ""
+    md = (f"# {label}: median [range] over runs\n\n"
+          f"Built by `benchmarks/replay.py --trace {name}{how} --summary-only` from "
+          f"`{label}/x*/run*/{name}.csv`. Energy over the common window (until the last "
           "policy of the same run finished); kWh per completed GPU-hour of work.\n\n"
           + report.summary_markdown(rows))
-    report.write_text(results / f"{name}_summary.csv", report.summary_csv(rows))
-    report.write_text(results / f"{name}_summary.md", md)
+    report.write_text(results / f"{label}_summary.csv", report.summary_csv(rows))
+    report.write_text(results / f"{label}_summary.md", md)
     return md
 
 
@@ -124,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run N times into <results>/<trace>/x<scale>/run<k>/ + summary")
     p.add_argument("--summary-only", action="store_true",
                    help="rebuild <trace>_summary.{csv,md} from the runs on disk")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="split the trace's GPUs over N alike hosts (default 1)")
     p.add_argument("--limit", type=int, help="replay only the first N jobs (smoke runs)")
     p.add_argument("--seed", type=int, help="trace generator seed (default per trace)")
     p.add_argument("--results", type=Path, default=RESULTS)
@@ -141,14 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.validate:
         sys.stdout.write(f"{trace.name}: {len(trace.jobs)} jobs OK\n")
         return 0
+    label = trace.name if a.nodes == 1 else f"{trace.name}_n{a.nodes}"
     if a.summary_only:
-        sys.stdout.write(write_summary(a.results, trace.name))
+        sys.stdout.write(write_summary(a.results, trace.name, label))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if a.limit:
         trace = replace(trace, jobs=trace.jobs[: a.limit])
     cfg = ReplayConfig(time_scale=a.time_scale, root_base=a.root_base, port_base=a.port_base,
-                       keep_clusters=a.keep)
+                       keep_clusters=a.keep, nodes=a.nodes)
+    try:
+        gpus_per_node(trace, a.nodes)
+    except ValueError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
     summaries = profiles.load_summaries()
     chosen = policies.get(a.policies.split(","))
     if not a.repeats:
@@ -156,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write((a.results / f"{trace.name}.md").read_text())
         sys.stdout.write(f"\ntotal wall time {wall:.0f} s\n")
         return 0
-    base = a.results / trace.name / f"x{a.time_scale:g}"
+    base = a.results / label / f"x{a.time_scale:g}"
     for _ in range(a.repeats):
         k = 1
         while (base / f"run{k}").exists():
@@ -166,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         _, _, wall = replay(trace, chosen, cfg, summaries, out)
         sys.stdout.write((out / f"{trace.name}.md").read_text())
         sys.stdout.write(f"\n{out}: total wall time {wall:.0f} s\n")
-        write_summary(a.results, trace.name)
-    sys.stdout.write(write_summary(a.results, trace.name))
+        write_summary(a.results, trace.name, label)
+    sys.stdout.write(write_summary(a.results, trace.name, label))
     return 0
 
 

@@ -168,17 +168,20 @@ class GpuLedger:
         """An empty ledger."""
         self.seen: dict[str, GpuSeen] = {}
 
-    def observe(self, records: Sequence[ProcRecordLike], now: float) -> None:
-        """Fold one snapshot of live records (every GPU) into the ledger."""
+    def observe(self, records: Sequence[ProcRecordLike], now: float,
+                gpu_offset: int = 0) -> None:
+        """Fold one snapshot of live records (every GPU of one host) into the ledger;
+        ``gpu_offset`` numbers that host's GPUs after the previous hosts' ones."""
         for r in records:
             if not r.job_id:
                 continue
             old = self.seen.get(r.job_id)
             started = r.started or now
+            gpu = gpu_offset + r.gpu
             if old is None:
-                self.seen[r.job_id] = GpuSeen(r.job_id, frozenset({r.gpu}), started, now)
+                self.seen[r.job_id] = GpuSeen(r.job_id, frozenset({gpu}), started, now)
             else:
-                self.seen[r.job_id] = GpuSeen(r.job_id, old.gpus | {r.gpu},
+                self.seen[r.job_id] = GpuSeen(r.job_id, old.gpus | {gpu},
                                               min(old.first, started), max(old.last, now))
 
     def first_on_gpu(self, job_id: int | str) -> float | None:

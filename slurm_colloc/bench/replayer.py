@@ -8,6 +8,11 @@ the GPUs' energy counters are all in trace time. Slurm's own latencies (schedule
 passes, prolog/epilog, the 10 s requeue delay) are *not* compressed: they cost
 ``time_scale`` times more trace time than on a real cluster, which penalises every
 policy per job start and recovery more than reality does.
+
+With ``nodes`` > 1 the trace's GPUs are split over that many alike hosts (each in its
+own namespaces, :class:`~slurm_colloc.devcluster.layout.Spec` ``uniform``), so the
+capacity is the one-node run's and only the number of hosts differs; the GPUs are
+numbered across hosts (host ``h``'s GPU ``i`` is ``h * gpus_per_node + i``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class ReplayConfig:
     settle_s: float = 60.0
     estimator_command: str = ""
     """Program the cli_filter runs as the estimator ('' = the installed ``colloc``)."""
+    nodes: int = 1
+    """Compute hosts the trace's GPUs are split over (same total capacity)."""
 
 
 @dataclass
@@ -68,15 +75,37 @@ class PolicyRun:
     error: str = ""
 
 
+def gpus_per_node(trace: Trace, nodes: int) -> int:
+    """The trace's GPUs split evenly over ``nodes`` hosts; ValueError (with what to do)
+    where they do not divide or a job asks for more GPUs than one host has."""
+    if nodes < 1 or trace.gpus % nodes:
+        raise ValueError(f"--nodes {nodes}: the trace's {trace.gpus} GPUs do not split "
+                         "evenly over that many hosts; choose a divisor")
+    per = trace.gpus // nodes
+    widest = max((j.gpus for j in trace.jobs), default=1)
+    if widest > per:
+        raise ValueError(f"--nodes {nodes}: {per} GPUs per host, but a job of the trace "
+                         f"asks for {widest} on one host; use fewer hosts")
+    return per
+
+
 def cluster_for(trace: Trace, policy: Policy, index: int, cfg: ReplayConfig) -> Cluster:
     """The devcluster of policy number ``index``: its own root and port block."""
     base = cfg.port_base + 10 * index
     spec = Spec(
-        gpus=trace.gpus, gpu_memory_mib=trace.gpu_memory_mib, cpus=96, memory_mib=98304,
-        cluster_name=f"replay{index}", ctld_port=base, slurmd_port=base + 1,
-        dbd_port=base + 2, mysql_port=base + 3, node_scripts=policy.node_scripts,
+        gpus=gpus_per_node(trace, cfg.nodes), gpu_memory_mib=trace.gpu_memory_mib, cpus=96,
+        memory_mib=98304, cluster_name=f"replay{index}", ctld_port=base,
+        slurmd_port=base + 1, dbd_port=base + 2, mysql_port=base + 3,
+        node_scripts=policy.node_scripts, nodes=cfg.nodes, uniform=cfg.nodes > 1,
     )
     return Cluster(Layout(Path(f"{cfg.root_base}-{policy.name}")), spec)
+
+
+def sim_dirs(cluster: Cluster) -> list[Path]:
+    """Each host's simulated-GPU state directory, in host order (GPU numbering order)."""
+    if not cluster.spec.multi_node:
+        return [cluster.layout.sim]
+    return [cluster.layout.node_dir(n.name) / "sim" for n in cluster.spec.node_plans()]
 
 
 def job_script(job: TraceJob) -> str:
@@ -176,8 +205,9 @@ class Replayer:
         for r in self.runs:
             r.cluster.down()
             secs = r.cluster.up(timeout=120)
-            init_state(r.cluster.layout.sim, gpu_count=self.trace.gpus,
-                       memory_mib=self.trace.gpu_memory_mib, time_scale=self.cfg.time_scale)
+            for d in sim_dirs(r.cluster):
+                init_state(d, gpu_count=r.cluster.spec.gpus,
+                           memory_mib=self.trace.gpu_memory_mib, time_scale=self.cfg.time_scale)
             r.workdir.mkdir(parents=True, exist_ok=True)
             r.workdir.chmod(0o1777)
             for user in sorted({j.user for j in self.trace.jobs if j.user}):
@@ -288,7 +318,7 @@ class Replayer:
     def run(self) -> None:
         """Replay the trace on every policy at once; blocks until all finished."""
         for r in self.runs:
-            r.sampler = GpuSampler(r.cluster.layout.sim, period=1.0)
+            r.sampler = GpuSampler(sim_dirs(r.cluster), period=1.0)
         # start a little ahead so every thread is ready for the first arrival
         self.t0 = float(math.floor(time.time()) + 2)  # sacct has whole seconds
         for r in self.runs:

@@ -115,7 +115,10 @@ def write_results(trace: Trace, rp: Replayer, rows: list[PolicyMetrics], cfg: Re
         f"{sum(1 for j in trace.jobs if j.summary)} submitted with a model summary. "
         f"Whole-GPU lower bound on makespan {trace.total_work_s / trace.gpus / 3600:.2f} h.",
         "",
-        f"Time scale x{cfg.time_scale:g} (trace seconds per wall second); all times below "
+        (f"{cfg.nodes} compute hosts of {trace.gpus // cfg.nodes} GPUs each (one partition, "
+         "the one-node run's capacity); GPUs numbered across hosts. " if cfg.nodes > 1
+         else "One compute host. ")
+        + f"Time scale x{cfg.time_scale:g} (trace seconds per wall second); all times below "
         "are trace hours. Every number is read from sacct, AdminComment records and the "
         "simulated GPUs' counters of this run.",
         "",

@@ -1,9 +1,10 @@
-"""GPU time series of one simulated node, sampled like a DCGM exporter would."""
+"""GPU time series of a simulated cluster's GPUs, sampled like a DCGM exporter would."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ class GpuPoint:
     t: float
     """Unix time (wall)."""
     gpu: int
+    """Index across hosts: host ``h``'s GPU ``i`` is ``h * gpus_per_host + i``."""
     memory_mib: int
     sm_pct: float
     power_w: float
@@ -30,12 +32,21 @@ class GpuPoint:
 
 
 class GpuSampler:
-    """A background thread sampling every GPU of a sim state dir every ``period`` s."""
+    """A background thread sampling every GPU of some sim state dirs every ``period`` s.
 
-    def __init__(self, state_dir: Path, period: float = 1.0) -> None:
-        """Open the sim backend now (a bad state dir fails before the replay)."""
-        self.backend = SimBackend(state_dir)
-        self.state_dir = state_dir
+    One state dir per host, in host order; their GPUs are numbered on from the previous
+    host's (a time series and a start-lag ledger need one name per GPU of the cluster).
+    """
+
+    def __init__(self, state_dirs: Path | Sequence[Path], period: float = 1.0) -> None:
+        """Open the sim backends now (a bad state dir fails before the replay)."""
+        dirs = [state_dirs] if isinstance(state_dirs, Path) else list(state_dirs)
+        self.hosts: list[tuple[Path, SimBackend, int]] = []
+        offset = 0
+        for d in dirs:
+            backend = SimBackend(d)
+            self.hosts.append((d, backend, offset))
+            offset += len(backend.gpus())
         self.period = period
         self.points: list[GpuPoint] = []
         self.ledger = GpuLedger()
@@ -45,16 +56,19 @@ class GpuSampler:
 
     def sample_once(self) -> None:
         """Take one sample of every GPU, and note which jobs have processes on them."""
-        try:
-            samples = self.backend.sample_all()
-            self.ledger.observe(read_records(self.state_dir, clean=False), time.time())
-        except (GpuBackendError, OSError):
-            return
-        for s in samples:
-            self.points.append(GpuPoint(
-                s.timestamp, s.index, s.memory_used_mib, s.sm_activity_pct or 0.0,
-                s.power_w or 0.0, s.energy_j or 0.0, len(s.processes),
-            ))
+        for state_dir, backend, offset in self.hosts:
+            try:
+                samples = backend.sample_all()
+                self.ledger.observe(read_records(state_dir, clean=False), time.time(),
+                                    gpu_offset=offset)
+            except (GpuBackendError, OSError):
+                continue
+            for s in samples:
+                self.points.append(GpuPoint(
+                    s.timestamp, offset + s.index, s.memory_used_mib,
+                    s.sm_activity_pct or 0.0, s.power_w or 0.0, s.energy_j or 0.0,
+                    len(s.processes),
+                ))
 
     def _loop(self) -> None:
         while not self._stop.is_set():

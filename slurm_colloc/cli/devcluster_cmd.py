@@ -68,7 +68,7 @@ def devcluster() -> None:
     logging.basicConfig(level=logging.INFO, format="colloc: devcluster: %(message)s")
 
 
-SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "nodes")
+SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "nodes", "uniform")
 
 
 @devcluster.command()
@@ -77,6 +77,9 @@ SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "node
 @click.option("--nodes", default=1, show_default=True,
               help="Compute hosts; 2 or more: each in its own namespaces, GPUs of two sizes, "
                    "partitions 'shared' (shards) and, from 3, 'gpu' (whole GPUs, default).")
+@click.option("--uniform", is_flag=True,
+              help="With --nodes: every host alike, one partition 'gpu' with shards "
+                   "(a replay's cluster).")
 @click.option("--gpus", default=None, type=int,
               help="Simulated GPUs per host [default: 4 on one node, 2 per host with --nodes].")
 @click.option("--gpu-memory", "gpu_memory_mib", default=40960, show_default=True,
@@ -88,7 +91,8 @@ SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "node
 @click.option("--fresh", is_flag=True,
               help="Rebuild from scratch: wipes running jobs, Slurm state and accounting.")
 @click.pass_context
-def up(ctx: click.Context, root: Path, nodes: int, gpus: int | None, gpu_memory_mib: int,
+def up(ctx: click.Context, root: Path, nodes: int, uniform: bool, gpus: int | None,
+       gpu_memory_mib: int,
        shard_mib: int, no_node_scripts: bool, no_install: bool, timeout: float,
        fresh: bool) -> None:
     """Start munged, MariaDB, slurmdbd, slurmctld, slurmd: only those that are down.
@@ -103,7 +107,7 @@ def up(ctx: click.Context, root: Path, nodes: int, gpus: int | None, gpu_memory_
     else:
         spec = Spec(gpus=gpus if gpus is not None else (4 if nodes == 1 else 2),
                     gpu_memory_mib=gpu_memory_mib, shard_mib=shard_mib,
-                    node_scripts=not no_node_scripts, nodes=nodes)
+                    node_scripts=not no_node_scripts, nodes=nodes, uniform=uniform)
     cluster = Cluster(existing.layout, spec)
     try:
         secs = cluster.up(install=not no_install, timeout=timeout, fresh=fresh)

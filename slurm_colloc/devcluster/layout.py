@@ -66,6 +66,11 @@ class Spec:
     half as many GPUs of twice the memory, and with 3 or more the last host has whole
     GPUs only, in partition ``gpu`` (the default partition), the others in ``shared``
     (the small GPUs) and ``shared80`` (the big ones, with the default GPU size)."""
+    uniform: bool = False
+    """With ``nodes`` > 1: every host alike (``gpus`` GPUs of ``gpu_memory_mib``), all in
+    one partition ``gpu`` whose GPUs carry shards, as on the one-node lab. Why: a replay
+    compares one node with several of the same total capacity, so only the number of
+    hosts may differ, not the GPUs' sizes or the partitions a job can reach."""
 
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""
@@ -110,6 +115,10 @@ class Spec:
             return [NodePlan(self.node_name, 0, self.gpus, self.gpu_memory_mib,
                              WHOLE_PARTITION, "127.0.0.1", self.shards_per_gpu)]
         prefix = self.node_name.rstrip("0123456789")
+        if self.uniform:
+            return [NodePlan(f"{prefix}{i}", i, self.gpus, self.gpu_memory_mib, WHOLE_PARTITION,
+                             f"{self.subnet()}.{10 + i}", self.shards_per_gpu)
+                    for i in range(self.nodes)]
         plans = []
         for i in range(self.nodes):
             big = i % 2 == 1
@@ -134,7 +143,7 @@ class Spec:
     def shared_partitions(self) -> list[str]:
         """``shared_partitions`` of the cluster's colloc.conf (see config.py), smallest
         GPUs first (a --colloc job goes to every one that holds it, in this order)."""
-        if not self.multi_node:
+        if not self.multi_node or self.uniform:
             return [WHOLE_PARTITION]  # one partition, its GPUs carry shards
         sizes = sorted({n.gpu_memory_mib for n in self.node_plans() if n.shards_per_gpu})
         return [f"{self.shared_partition_of(m)}:{m}" for m in sizes]

@@ -116,3 +116,25 @@ def test_idle_while_queued() -> None:
     assert metrics.idle_while_queued(samples, [(0.5, 2.5)]) == 0.25
     assert metrics.idle_while_queued(samples, []) == 0.0
     assert math.isnan(metrics.idle_while_queued([], [(0, 1)]))
+
+
+def test_nodes_split_the_traces_gpus_over_alike_hosts() -> None:
+    """--nodes 2: the one-node run's 4 GPUs as two hosts of 2 (same capacity), in one
+    partition with shards; an uneven split or a job wider than a host is refused."""
+    from slurm_colloc.bench.replayer import ReplayConfig, cluster_for, gpus_per_node, sim_dirs
+    from slurm_colloc.bench.trace import Trace
+
+    trace = Trace("t", "test", 4, 40960, (_job(), _job(name="j1", gpus=2)))
+    c = cluster_for(trace, policies.POLICIES["colloc"], 1, ReplayConfig(nodes=2))
+    assert (c.spec.nodes, c.spec.gpus, c.spec.uniform) == (2, 2, True)
+    assert [n.partition for n in c.spec.node_plans()] == ["gpu", "gpu"]
+    assert [d.parent.name for d in sim_dirs(c)] == ["colloc-node0", "colloc-node1"]
+    one = cluster_for(trace, policies.POLICIES["colloc"], 1, ReplayConfig())
+    assert (one.spec.nodes, one.spec.gpus, sim_dirs(one)) == (1, 4, [one.layout.sim])
+    for nodes, why in ((3, "split evenly"), (4, "asks for 2")):
+        try:
+            gpus_per_node(trace, nodes)
+        except ValueError as e:
+            assert why in str(e)
+        else:
+            raise AssertionError(f"--nodes {nodes} accepted")

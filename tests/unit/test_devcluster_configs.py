@@ -101,6 +101,26 @@ def test_one_node_lab_keeps_its_single_partition_shared() -> None:
         spec, Layout(Path("/r")))
 
 
+def test_uniform_hosts_are_alike_and_share_one_partition_with_shards() -> None:
+    """A replay's cluster: only the number of hosts differs from the one-node lab."""
+    one = Spec(gpus=2, ctld_port=25817)
+    spec = Spec(nodes=2, gpus=2, uniform=True, ctld_port=25817)
+    plans = spec.node_plans()
+    assert [(p.name, p.gpus, p.gpu_memory_mib, p.partition, p.shards_per_gpu) for p in plans] \
+        == [("colloc-node0", 2, 40960, "gpu", one.shards_per_gpu),
+            ("colloc-node1", 2, 40960, "gpu", one.shards_per_gpu)]
+    assert len({p.addr for p in plans}) == 2 and spec.multi_node
+    conf = configs.slurm_conf(spec, Layout(Path("/r")))
+    assert "PartitionName=gpu Nodes=colloc-node0,colloc-node1 Default=YES" in conf
+    assert conf.count(f"Gres=gpu:2,shard:{2 * one.shards_per_gpu}") == 2
+    gres = configs.gres_conf(spec, Layout(Path("/r")))
+    assert f"NodeName=colloc-node1 Name=shard Count={one.shards_per_gpu} " \
+        "File=/r/dev/colloc-node1/nvidia1" in gres
+    assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")),
+                                                                  Path("/v"))
+    assert Spec.from_json(spec.to_json()) == spec
+
+
 def test_compute_hosts_get_private_state_but_share_home() -> None:
     from slurm_colloc.devcluster import hosts
 
