@@ -154,6 +154,10 @@ def namespace_name(job_id: int) -> str:
     return f"job{int(job_id)}"
 
 
+QUIT_TIMEOUT_S = 5.0
+"""How long a failed start waits for the unrecognised daemon to take ``-q``."""
+
+
 def run_bounded(argv: list[str], env: Mapping[str, str], timeout: float,
                 limit: int = MAX_OUTPUT) -> tuple[int, str, str]:
     """Run without a shell; (status, stdout, stderr), each at most ``limit`` bytes.
@@ -371,14 +375,15 @@ class MpsV3Node:
             raise MpsV3Error(f"no MPS v3 daemon of ours in {self.pipe_dir}")
         return self._run(*args, silent=silent)
 
-    def _run(self, *args: str, silent: bool = False) -> str:
+    def _run(self, *args: str, silent: bool = False, timeout: float | None = None) -> str:
         argv = [self.binary, "-p", "3", *args]
+        timeout = self.timeout if timeout is None else timeout
         try:
-            rc, out, err = run_bounded(argv, self._env(), self.timeout)
+            rc, out, err = run_bounded(argv, self._env(), timeout)
         except OSError as e:
             raise MpsV3Error(f"cannot run {self.binary}: {e.strerror or e}") from e
         except subprocess.TimeoutExpired as e:
-            raise MpsV3Error(f"{' '.join(args)}: no answer in {self.timeout:g} s") from e
+            raise MpsV3Error(f"{' '.join(args)}: no answer in {timeout:g} s") from e
         what = " ".join(args)
         if rc != 0 or err.strip():
             raise MpsV3Error(f"{what}: exit {rc}: {(err.strip() or out.strip())[:500]}")
@@ -469,7 +474,8 @@ class MpsV3Node:
             time.sleep(0.02)
         if ident is None:
             raise MpsV3Error(f"MPS v3 daemon did not come up in {self.pipe_dir} "
-                             f"in {self.timeout:g} s")
+                             f"in {self.timeout:g} s: {self._why_unrecognised()}"
+                             f"{self._quit_unrecognised()}")
         ident.save(self.state_dir / IDENTITY_FILE)
         try:
             listed = {s["name"]: s for s in self.servers()}
@@ -486,6 +492,35 @@ class MpsV3Node:
         except MpsV3Error:
             self.stop()
             raise
+
+    def _why_unrecognised(self) -> str:
+        """Which identity check failed (for the error of a start that timed out)."""
+        try:
+            with _root_dir_fd(self.pipe_dir):
+                pid = int(read_small_file(self.pipe_dir / PID_FILE, owner=os.geteuid()).split()[0])
+        except (OSError, ValueError, IndexError, MpsV3Error) as e:
+            return f"pid file {self.pipe_dir / PID_FILE}: {e}"
+        ident, why = DaemonIdentity.learn_or_why(pid, self.binary, self.pipe_dir)
+        if ident is not None and not self._socket_is_ours(ident):
+            return f"daemon {pid} does not answer on {self.pipe_dir / CONTROL}"
+        return why
+
+    def _quit_unrecognised(self) -> str:
+        """Ask whatever daemon answers in our fresh pipe directory to quit (``-q``).
+
+        As for the legacy daemon (:meth:`MpsDaemon._quit_unrecognised`, seen on an H100:
+        a wrapper in ``mps_control``): a daemon that started but was never recognised
+        has no identity in root state, so no epilog or reap would stop it, and it would
+        keep its root servers. The directory was made empty and root's by ``start``, so
+        what listens in it is the daemon ``start`` ran. Returns a note for the error.
+        """
+        if not (self.pipe_dir / CONTROL).exists():
+            return ""
+        try:
+            self._run("-q", timeout=max(self.timeout, QUIT_TIMEOUT_S))
+        except MpsV3Error as e:
+            return f"; asking it to quit failed ({e}): it may still run"
+        return "; it was asked to quit"
 
     def _fresh_pipe_dir(self) -> None:
         """An empty root-owned pipe directory (a dead daemon's sockets removed)."""

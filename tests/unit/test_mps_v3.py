@@ -456,3 +456,35 @@ def test_stand_in_protocol_env_wins_and_v2_is_the_legacy_stand_in(short_tmp):
     assert "Modules: server, namespace" in r.stdout
     r = sim_control(short_tmp, "-m", "-d")
     assert r.returncode == 1 and "protocol 3" in r.stderr
+
+
+def test_a_v3_daemon_that_starts_but_is_not_recognised_is_asked_to_quit(short_tmp, sim):
+    """The legacy daemon's H100 finding (issue 24), for v3: a site wrapper in
+    ``mps_control`` that execs the daemon under another name. The start times out
+    naming the check that failed, and the daemon it ran is not left behind with its
+    root servers (no identity in root state: no epilog would ever stop it)."""
+    real = Path(stand_in(short_tmp))
+    hidden = real.with_name("site-mps-v3")
+    real.rename(hidden)
+    wrapper = script(short_tmp / "site-mps-launcher", f'exec {hidden} "$@"\n')
+    n = MpsV3Node(wrapper, short_tmp / "pipe", short_tmp / "log", short_tmp / "state",
+                  timeout=4, extra_env={"COLLOC_SIM_STATE": str(short_tmp / "sim")})
+    with pytest.raises(MpsV3Error, match="asked to quit") as err:
+        n.start(sim)
+    assert "not" in str(err.value).split("s:", 1)[1]  # the failed check, not only "timeout"
+    assert n.identity() is None
+    deadline = time.monotonic() + 5
+    while (short_tmp / "pipe" / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (short_tmp / "pipe" / "control").exists()
+    leftovers = [int(p) for p in os.listdir("/proc") if p.isdigit() and alive(int(p))
+                 and str(short_tmp / "pipe") in _environ(int(p))]
+    assert leftovers == []
+
+
+def _environ(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
