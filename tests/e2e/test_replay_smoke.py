@@ -53,3 +53,32 @@ def test_replay_collects_from_accounting(tmp_path: Path) -> None:
     assert by["whole-gpu"].energy_kwh > 0 and 0 < by["colloc"].gpu_busy_share <= 1
     assert (tmp_path / "smoke.csv").exists() and (tmp_path / "smoke.md").exists()
     assert wall < 180
+
+
+def test_replay_on_two_hosts_numbers_gpus_across_them(tmp_path: Path) -> None:
+    """``--nodes 2`` (issue 24 item 6): the trace's two GPUs as two hosts of one, each in
+    its own namespaces with its own simulated GPU, collector and MPS. Every job is seen
+    on a GPU by the ledger, both hosts' GPUs are used and named apart, and the OOM job
+    is still recovered by the epilog's requeue."""
+    if os.geteuid() != 0:
+        pytest.fail("the replay smoke test starts devclusters and needs root")
+    trace = Trace("smoke2", "smoke on two hosts", gpus=2, gpu_memory_mib=16384, jobs=(
+        _job(0, 4000, 5120, 600, 0), _job(1, 9000, 10240, 600, 0),
+        _job(2, 6000, 3072, 600, 60),  # under-states its memory: OOM, requeue, completes
+        _job(3, 3000, 4096, 600, 120),
+    ))
+    cfg = ReplayConfig(time_scale=60, root_base=f"{ROOT_BASE}-n2", port_base=PORT_BASE + 50,
+                       poll_s=1.0, timeout_s=150, settle_s=40, nodes=2)
+    rows, rp, _ = replay(trace, policies.get(["colloc"]), cfg, {}, tmp_path)
+    (row,) = rows
+    (run,) = rp.runs
+    assert run.cluster.spec.nodes == 2 and run.cluster.spec.gpus == 1
+    assert (row.completed, row.lost, row.oom_crashes) == (4, 0, 1), run.outcomes
+    assert run.sampler is not None
+    assert {p.gpu for p in run.sampler.points} == {0, 1}
+    used = set().union(*(s.gpus for s in run.sampler.ledger.seen.values()))
+    assert used == {0, 1}  # 5 + 10 GiB do not fit one 16 GiB GPU: both hosts ran jobs
+    assert all(o.first_on_gpu is not None for o in run.outcomes)
+    oom = {o.name: o for o in run.outcomes}["smoke-2"]
+    assert (oom.oom_crashes, oom.requeues, oom.state) == (1, 1, "COMPLETED")
+    assert "2 compute hosts of 1 GPUs" in (tmp_path / "smoke2.md").read_text()
