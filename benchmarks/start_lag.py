@@ -291,14 +291,20 @@ def _ratios(out: dict[str, dict[str, object]]) -> None:
 
 
 def runs(results: Path) -> list[tuple[str, str, float, Path]]:
-    """(trace, run label, scale, dir) of every committed run."""
+    """(trace, run label, scale, dir) of every committed run.
+
+    A multi-node replay's runs sit under ``<trace>_n<N>/`` (``replay.py --nodes N``):
+    their files are the trace's, their label keeps the ``_n<N>`` so that one-node and
+    multi-node runs are compared apart.
+    """
     out = []
     for jobs in sorted(results.glob("*/x*/run*/*_jobs.csv")):
         d = jobs.parent
         m = re.fullmatch(r"x(\d+(?:\.\d+)?)", d.parent.name)
-        trace = d.parent.parent.name
+        group = d.parent.parent.name
+        trace = re.sub(r"_n\d+$", "", group)
         if m and jobs.name == f"{trace}_jobs.csv":
-            out.append((trace, f"{trace}/{d.parent.name}/{d.name}", float(m.group(1)), d))
+            out.append((trace, f"{group}/{d.parent.name}/{d.name}", float(m.group(1)), d))
     return out
 
 
