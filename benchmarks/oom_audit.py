@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                              for r in mine)
             sys.stdout.write(f"  {pol:14s} {counts}{': ' + jobs if jobs else ''}\n")
     inside = [r for r in found if r["class"] == "inside"]
-    sys.stdout.write(f"{len(runs)} runs; OOM jobs inside a reservation above the true peak: "
+    sys.stdout.write(f"{len(runs)} runs; OOM jobs inside a reservation at or above the true peak: "
                      f"{len(inside)}\n")
     if a.json:
         a.json.write_text(json.dumps({"runs": [str(r) for r, _ in runs], "oom_jobs": found},

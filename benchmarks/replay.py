@@ -13,8 +13,9 @@ With ``--repeats`` (or ``--runs-dir``) every run goes to
 ``<results>/<trace>/x<scale>/run<N>/`` and ``<results>/<trace>_summary.{csv,md}`` is
 rebuilt from *all* runs on disk (median and range per policy and time scale).
 Without it, results go to ``<results>/<trace>.{csv,md}`` as before. With ``--nodes N``
-(the trace's GPUs split over N alike hosts) ``<trace>`` becomes ``<trace>_n<N>`` in
-those paths, so one-node and multi-node runs are summarised apart. See
+(the trace's GPUs split over N alike hosts) runs go to ``<results>/<trace>_n<N>/x<scale>/
+run<k>/`` and the summary to ``<trace>_n<N>_summary.{csv,md}`` (without ``--repeats``:
+``<results>/<trace>_n<N>/<trace>.*``), so one-node and multi-node runs stay apart. See
 docs/benchmarks.md.
 """
 
@@ -167,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     summaries = profiles.load_summaries()
     chosen = policies.get(a.policies.split(","))
     if not a.repeats:
-        _, _, wall = replay(trace, chosen, cfg, summaries, a.results)
-        sys.stdout.write((a.results / f"{trace.name}.md").read_text())
+        out = a.results if a.nodes == 1 else a.results / label  # never over the one-node files
+        _, _, wall = replay(trace, chosen, cfg, summaries, out)
+        sys.stdout.write((out / f"{trace.name}.md").read_text())
         sys.stdout.write(f"\ntotal wall time {wall:.0f} s\n")
         return 0
     base = a.results / label / f"x{a.time_scale:g}"

@@ -302,7 +302,7 @@ def runs(results: Path) -> list[tuple[str, str, float, Path]]:
         d = jobs.parent
         m = re.fullmatch(r"x(\d+(?:\.\d+)?)", d.parent.name)
         group = d.parent.parent.name
-        trace = re.sub(r"_n\d+$", "", group)
+        trace = group if (d / f"{group}_jobs.csv").exists() else re.sub(r"_n\d+$", "", group)
         if m and jobs.name == f"{trace}_jobs.csv":
             out.append((trace, f"{group}/{d.parent.name}/{d.name}", float(m.group(1)), d))
     return out

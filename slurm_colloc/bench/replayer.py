@@ -32,7 +32,7 @@ from slurm_colloc.bench.policies import Policy
 from slurm_colloc.bench.sampler import GpuSampler
 from slurm_colloc.bench.trace import Trace, TraceJob
 from slurm_colloc.devcluster.cluster import Cluster
-from slurm_colloc.devcluster.layout import Layout, Spec
+from slurm_colloc.devcluster.layout import MAX_NODES, Layout, Spec
 from slurm_colloc.gpu.sim.state import init_state
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmCli, SlurmError
 
@@ -78,9 +78,9 @@ class PolicyRun:
 def gpus_per_node(trace: Trace, nodes: int) -> int:
     """The trace's GPUs split evenly over ``nodes`` hosts; ValueError (with what to do)
     where they do not divide or a job asks for more GPUs than one host has."""
-    if nodes < 1 or trace.gpus % nodes:
+    if not 1 <= nodes <= MAX_NODES or trace.gpus % nodes:
         raise ValueError(f"--nodes {nodes}: the trace's {trace.gpus} GPUs do not split "
-                         "evenly over that many hosts; choose a divisor")
+                         f"evenly over that many hosts; choose a divisor up to {MAX_NODES}")
     per = trace.gpus // nodes
     widest = max((j.gpus for j in trace.jobs), default=1)
     if widest > per:
@@ -205,9 +205,9 @@ class Replayer:
         for r in self.runs:
             r.cluster.down()
             secs = r.cluster.up(timeout=120)
-            for d in sim_dirs(r.cluster):
-                init_state(d, gpu_count=r.cluster.spec.gpus,
-                           memory_mib=self.trace.gpu_memory_mib, time_scale=self.cfg.time_scale)
+            for d, host in zip(sim_dirs(r.cluster), r.cluster.spec.node_plans(), strict=True):
+                init_state(d, gpu_count=host.gpus, memory_mib=host.gpu_memory_mib,
+                           time_scale=self.cfg.time_scale)
             r.workdir.mkdir(parents=True, exist_ok=True)
             r.workdir.chmod(0o1777)
             for user in sorted({j.user for j in self.trace.jobs if j.user}):

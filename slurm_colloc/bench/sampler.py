@@ -21,7 +21,7 @@ class GpuPoint:
     t: float
     """Unix time (wall)."""
     gpu: int
-    """Index across hosts: host ``h``'s GPU ``i`` is ``h * gpus_per_host + i``."""
+    """Index across hosts: a host's GPU ``i`` is ``i`` plus the GPUs of the hosts before it."""
     memory_mib: int
     sm_pct: float
     power_w: float

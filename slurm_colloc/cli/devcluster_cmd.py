@@ -76,7 +76,8 @@ SHAPE_OPTIONS = ("gpus", "gpu_memory_mib", "shard_mib", "no_node_scripts", "node
 @root_option
 @click.option("--nodes", default=1, show_default=True,
               help="Compute hosts; 2 or more: each in its own namespaces, GPUs of two sizes, "
-                   "partitions 'shared' (shards) and, from 3, 'gpu' (whole GPUs, default).")
+                   "partitions 'shared' (shards) and, from 3, 'gpu' (whole GPUs, default); "
+                   "all alike with --uniform.")
 @click.option("--uniform", is_flag=True,
               help="With --nodes: every host alike, one partition 'gpu' with shards "
                    "(a replay's cluster).")

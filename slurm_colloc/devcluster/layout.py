@@ -30,7 +30,9 @@ class NodePlan:
     gpus: int
     gpu_memory_mib: int
     partition: str
-    """``shared`` (its GPUs offer shards) or ``gpu`` (whole GPUs only, no shards)."""
+    """``shared``/``shared80`` (its GPUs offer shards) or ``gpu``: whole GPUs only on the
+    last host of a mixed cluster, GPUs with shards on the one-node lab and on uniform
+    hosts (``shards_per_gpu`` says which)."""
     addr: str
     shards_per_gpu: int
     """0 on a whole-GPU node (its gres.conf declares no shards)."""
@@ -65,7 +67,8 @@ class Spec:
     (private /var/lib/colloc, /tmp and MPS dirs; /home shared): odd-numbered hosts have
     half as many GPUs of twice the memory, and with 3 or more the last host has whole
     GPUs only, in partition ``gpu`` (the default partition), the others in ``shared``
-    (the small GPUs) and ``shared80`` (the big ones, with the default GPU size)."""
+    (the small GPUs) and ``shared80`` (the big ones, with the default GPU size), unless
+    ``uniform``."""
     uniform: bool = False
     """With ``nodes`` > 1: every host alike (``gpus`` GPUs of ``gpu_memory_mib``), all in
     one partition ``gpu`` whose GPUs carry shards, as on the one-node lab. Why: a replay
@@ -76,7 +79,9 @@ class Spec:
         """Refuse shapes Slurm or the simulation cannot represent."""
         if not 1 <= self.nodes <= MAX_NODES:
             raise ValueError(f"--nodes {self.nodes}: must be 1..{MAX_NODES}")
-        if self.nodes > 1 and 2 * self.gpu_memory_mib > 1 << 20:
+        if self.uniform and self.nodes == 1:
+            raise ValueError("--uniform needs --nodes 2 or more (one node is always uniform)")
+        if self.nodes > 1 and not self.uniform and 2 * self.gpu_memory_mib > 1 << 20:
             raise ValueError(f"--gpu-memory {self.gpu_memory_mib} MiB: the big nodes have "
                              "twice that; must stay within 1 TiB")
         if not 1 <= self.gpus <= 64:

@@ -155,7 +155,10 @@ def namespace_name(job_id: int) -> str:
 
 
 QUIT_TIMEOUT_S = 5.0
-"""How long a failed start waits for the unrecognised daemon to take ``-q``."""
+"""Least time a failed start gives the unrecognised daemon's ``-q`` (the node's
+``timeout`` when longer): a failed start can hold the node lock about twice ``timeout``."""
+SOCKET_GRACE_S = 1.0
+"""How long a failed start waits for a slow daemon's control socket before giving up."""
 
 
 def run_bounded(argv: list[str], env: Mapping[str, str], timeout: float,
@@ -434,6 +437,9 @@ class MpsV3Node:
     def start(self, gpus: Mapping[int, str]) -> None:
         """Start the daemon (``-d -p 3 -m -a``) for ``gpus`` ({index: UUID}) unless it runs.
 
+        Call under the node lock (``Tenancy.locked_node``): a failed start asks whatever
+        answers in the fresh pipe directory to quit, which is then this start's daemon.
+
         A daemon of ours already running for the same GPUs is kept (its namespaces are
         the running jobs'); one for other GPUs is an error: configuration is applied
         only at start ([CF]), and stopping it would end running jobs' namespaces.
@@ -514,8 +520,11 @@ class MpsV3Node:
         keep its root servers. The directory was made empty and root's by ``start``, so
         what listens in it is the daemon ``start`` ran. Returns a note for the error.
         """
-        if not (self.pipe_dir / CONTROL).exists():
-            return ""
+        end = time.monotonic() + SOCKET_GRACE_S  # a slow daemon may bind just after
+        while not (self.pipe_dir / CONTROL).exists():
+            if time.monotonic() > end:
+                return ""
+            time.sleep(0.05)
         try:
             self._run("-q", timeout=max(self.timeout, QUIT_TIMEOUT_S))
         except MpsV3Error as e:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from slurm_colloc.bench import generators, metrics, policies, report
 from slurm_colloc.bench.collect import JobOutcome
 from slurm_colloc.bench.replayer import job_script
@@ -138,3 +140,20 @@ def test_nodes_split_the_traces_gpus_over_alike_hosts() -> None:
             assert why in str(e)
         else:
             raise AssertionError(f"--nodes {nodes} accepted")
+
+
+def test_replay_refuses_a_bad_node_count_before_any_cluster(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "replay.py"
+    spec = importlib.util.spec_from_file_location("replay_cli", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["replay_cli"] = mod
+    spec.loader.exec_module(mod)
+    assert mod.main(["--trace", "philly90h", "--nodes", "3", "--results", str(tmp_path),
+                     "--root-base", str(tmp_path / "never")]) == 2
+    assert "split evenly" in capsys.readouterr().err
+    assert not (tmp_path / "never-whole-gpu").exists() and not list(tmp_path.iterdir())

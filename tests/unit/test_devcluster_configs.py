@@ -119,6 +119,9 @@ def test_uniform_hosts_are_alike_and_share_one_partition_with_shards() -> None:
     assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")),
                                                                   Path("/v"))
     assert Spec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="--uniform needs --nodes"):
+        Spec(uniform=True).validate()
+    Spec(nodes=2, uniform=True, gpu_memory_mib=600 * 1024).validate()  # no doubled hosts
 
 
 def test_compute_hosts_get_private_state_but_share_home() -> None:

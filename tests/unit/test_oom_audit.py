@@ -44,7 +44,7 @@ def test_the_audit_classes_each_oom_and_fails_only_on_one_inside(
     assert mod.main([str(tmp_path / "clean")]) == 0  # type: ignore[attr-defined]
     out = capsys.readouterr().out
     assert "j1 (under-guessed: 4096 vs 5000)" in out and "j2 (unlimited" in out
-    assert "inside a reservation above the true peak: 0" in out
+    assert "inside a reservation at or above the true peak: 0" in out
     _run(tmp_path / "bad" / "run1", [
         "colloc-oracle,j3,3,COMPLETED,2,0,0,1,1,1,shard=5,5000,oracle,0.1",  # need == peak
     ])
