@@ -245,8 +245,7 @@ def _exact_lags(run_dir: Path, name: str, policy: str, js: list[L.JobTimes],
         return None, False
     first = {str(j): float(f) for j, f, p in zip(jobs.job, jobs.first_gpu_h, jobs.policy,
                                                  strict=True) if p == policy and f == f}
-    return [L.Lag(j.name, max(0.0, first[j.name] - j.start_h) if j.name in first else None,
-                  None) for j in js], True
+    return L.ledger_lags(js, first), True
 
 
 def _corrected(js: list[L.JobTimes], lags: list[L.Lag], scale: float, pts: pd.DataFrame,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -138,6 +138,25 @@ def sample_period_s(samples: Sequence[tuple[float, int, int, int]], scale: float
     gaps = sorted(b - a for ts in by_gpu.values() for a, b in itertools.pairwise(sorted(ts))
                   if b > a)
     return gaps[len(gaps) // 2] * 3600.0 / scale if gaps else math.nan
+
+
+def ledger_lags(jobs: Sequence[JobTimes], first_h: Mapping[str, float]) -> list[Lag]:
+    """Lags from the GPU ledger: each job's first process on a GPU (trace hours) minus
+    its Slurm start; None where the ledger cannot say.
+
+    A requeued job (``attempts`` > 1) gets None: its first process may be a later
+    attempt's. An attempt that dies at its first allocation (an out-of-memory at start
+    under a short ``--colloc-mem``) never registers on a GPU, so the ledger's first
+    sighting is the next attempt's, hours later, and that wait is the queue for a
+    whole GPU, not a start lag (heavy60h-041: 5-8 trace hours, which the critical-chain
+    correction then removed from the makespan). Such jobs take the median lag.
+    """
+    out = []
+    for j in jobs:
+        first = first_h.get(j.name)
+        lag = None if first is None or j.attempts > 1 else max(0.0, first - j.start_h)
+        out.append(Lag(j.name, lag, None))
+    return out
 
 
 def filled(lags: Sequence[Lag]) -> dict[str, float]:

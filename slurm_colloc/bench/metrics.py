@@ -177,10 +177,9 @@ def _lags(outcomes: Sequence[JobOutcome], points: Sequence[GpuPoint],
     """
     h = scale / 3600.0
     if any(o.first_on_gpu is not None for o in outcomes):
-        first = {o.name: o.first_on_gpu for o in outcomes if o.first_on_gpu is not None}
-        raw = [L.Lag(j.name, max(0.0, (first[j.name] - t0) * h - j.start_h)
-                     if j.name in first else None, None) for j in jobs]
-        return L.debiased(raw, L.quantisation_h(0.0, scale))
+        first = {o.name: (o.first_on_gpu - t0) * h for o in outcomes
+                 if o.first_on_gpu is not None}
+        return L.debiased(L.ledger_lags(jobs, first), L.quantisation_h(0.0, scale))
     samples = [((p.t - t0) * h, p.gpu, p.memory_mib, p.processes) for p in points]
     period = L.sample_period_s(samples, scale)
     return L.debiased(L.match_lags(jobs, L.steps(samples)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +209,46 @@ def test_committed_philly90h_x120_run_colloc_waits_seconds_whole_gpu_does_not() 
     assert whole["real_s_median"] < 1.0 < 4.0 < colloc["real_s_median"]
     assert out["colloc"]["makespan_corrected_h"] < out["colloc"]["makespan_h"]
     assert out["colloc"]["stretch_gpu"] < out["colloc"]["stretch_slurm"]
+
+
+def test_a_requeued_jobs_late_first_sighting_is_not_a_start_lag() -> None:
+    """heavy60h-041 (issue 24): its first attempt died of OOM at its first allocation,
+    before registering on a GPU, so the ledger first saw the requeued attempt 5-8 trace
+    hours after the job's Slurm start. Taken as a start lag, the critical-chain
+    correction removed those hours from colloc's makespan (0.94x -> 0.55x)."""
+    from slurm_colloc.bench import lag as L
+
+    jobs = [L.JobTimes("a", 0.0, 0.0, 1.0, 1000, attempts=1),
+            L.JobTimes("b", 0.0, 0.5, 9.0, 1000, attempts=2),
+            L.JobTimes("c", 1.0, 1.0, 2.0, 1000, attempts=1)]
+    first = {"a": 0.1, "b": 7.0, "c": 1.2}
+    lags = {lg.name: lg.lag_h for lg in L.ledger_lags(jobs, first)}
+    assert lags["b"] is None and lags["a"] == pytest.approx(0.1)
+    assert lags["c"] == pytest.approx(0.2)
+    assert L.filled(L.ledger_lags(jobs, first))["b"] == pytest.approx(0.2)  # the median
+    span, span_c = L.corrected_makespan(jobs, L.filled(L.ledger_lags(jobs, first)), 120)
+    assert span - span_c < 0.5  # never the 6.5 h a lag of "b" would have removed
+
+
+def test_committed_heavy60h_run_is_corrected_by_the_rule_it_states(tmp_path: Path) -> None:
+    """benchmarks/recorrect_lags.py recomputes a committed run's lag-corrected figures from
+    its own CSVs; on heavy60h run 2 (the run with heavy60h-041) it must give what is
+    committed, and not the 0.55x the late first sighting of a requeued job gave."""
+    import importlib.util
+    import shutil
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    run = bench / "results" / "issue24_final" / "heavy60h" / "x120" / "run2"
+    spec = importlib.util.spec_from_file_location("recorrect_lags", bench / "recorrect_lags.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["recorrect_lags"] = mod
+    spec.loader.exec_module(mod)
+    committed = {m.policy: m for m in mod.read_metrics(run / "heavy60h.csv")}
+    copy = tmp_path / "run2"
+    shutil.copytree(run, copy)
+    rows = {m.policy: m for m in mod.recorrect(copy, "heavy60h")}
+    colloc = rows["colloc"].makespan_corrected_vs_whole
+    assert 0.85 < colloc <= rows["colloc"].makespan_vs_whole + 1e-9
+    assert colloc == pytest.approx(committed["colloc"].makespan_corrected_vs_whole, abs=0.005)
