@@ -166,6 +166,31 @@ def filled(lags: Sequence[Lag]) -> dict[str, float]:
     return {lg.name: lg.lag_h if lg.lag_h is not None else med for lg in lags}
 
 
+LAG_SHARE_LIMIT = 0.15
+"""Largest start lag, as a share of the median job's work in trace time, at which a
+replay's co-location figures are trusted (:func:`lag_share`). Set between what was
+measured on 26.05: at 6-11 % (heavy60h x120, philly90h x60) raw and corrected makespans
+agreed within 0.03; at 130-210 % (philly90h x120) they were 0.26-0.28 apart and neither
+matched x60. An x30 run would say whether 11 % is already too much."""
+
+
+def lag_share(lag_s: float, scale: float, work_h: Sequence[float]) -> float:
+    """A policy's median start lag (real seconds), compressed into trace time, as a
+    share of the median job's work (trace hours); nan where either is unknown.
+
+    Why: a lag keeps each job off its GPU, so the GPU holds fewer co-tenants and the
+    jobs that run are slowed less. The correction (:func:`excess_h`) gives back the
+    lag's time but cannot give back that crowding: on philly90h at x120 (lags of 13-21 s,
+    26-42 trace minutes a job) colloc's corrected makespan was 0.67x of whole GPUs with
+    a GPU-time stretch of 1.23, and at x60 (2-3 s) 0.82x with 1.47, raw and corrected
+    alike. Above :data:`LAG_SHARE_LIMIT` the replay says to lower ``--time-scale``.
+    """
+    works = sorted(w for w in work_h if math.isfinite(w) and w > 0)
+    if not works or not math.isfinite(lag_s):
+        return math.nan
+    return lag_s * scale / 3600.0 / works[len(works) // 2]
+
+
 def excess_h(lag_h: float, scale: float) -> float:
     """Trace hours compression added to a latency of ``lag_h`` trace hours."""
     return lag_h * (1.0 - 1.0 / scale) if scale > 1 else 0.0

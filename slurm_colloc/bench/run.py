@@ -11,6 +11,7 @@ from pathlib import Path
 
 from slurm_colloc.bench import plots, report
 from slurm_colloc.bench.collect import with_ledger
+from slurm_colloc.bench.lag import LAG_SHARE_LIMIT, lag_share
 from slurm_colloc.bench.metrics import PolicyMetrics, last_end, policy_metrics, relative_to
 from slurm_colloc.bench.policies import Policy
 from slurm_colloc.bench.replayer import ReplayConfig, Replayer
@@ -100,6 +101,18 @@ def write_results(trace: Trace, rp: Replayer, rows: list[PolicyMetrics], cfg: Re
         if r.fallbacks:
             notes.append(f"- {r.policy.name}: {len(r.fallbacks)} jobs rejected as larger than "
                          f"a GPU, resubmitted for a whole GPU: {', '.join(r.fallbacks)}")
+    works = [j.work_s / 3600.0 for j in trace.jobs]
+    for m in rows:
+        share = lag_share(m.start_lag_s, cfg.time_scale, works)
+        if share > LAG_SHARE_LIMIT:
+            note = (f"- {m.policy}: median start lag {m.start_lag_s:.1f} s real = "
+                    f"{m.start_lag_s * cfg.time_scale / 60:.0f} trace minutes a job, "
+                    f"{share:.0%} of the median job: above {LAG_SHARE_LIMIT:.0%}, the lag "
+                    "keeps jobs off their GPUs (fewer co-tenants), which the lag correction "
+                    "cannot undo; trust this policy's co-location figures only from a rerun "
+                    "at a lower --time-scale")
+            notes.append(note)
+            log.warning("%s", note[2:])
     made_plots = []
     if plots.available():
         plots.bars(rows, results / f"{name}_bars.png")

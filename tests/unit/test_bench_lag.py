@@ -252,3 +252,19 @@ def test_committed_heavy60h_run_is_corrected_by_the_rule_it_states(tmp_path: Pat
     colloc = rows["colloc"].makespan_corrected_vs_whole
     assert 0.85 < colloc <= rows["colloc"].makespan_vs_whole + 1e-9
     assert colloc == pytest.approx(committed["colloc"].makespan_corrected_vs_whole, abs=0.005)
+
+
+def test_a_lag_long_next_to_the_jobs_is_flagged_and_a_short_one_is_not() -> None:
+    """philly90h at x120 (colloc's median lag 12.9 s: 130 % of its median job) is above
+    the limit; x60 (2.1 s: 11 %) and heavy60h at x120 (1.5 s, longer jobs: 6 %) are not."""
+    from slurm_colloc.bench import generators, profiles
+    from slurm_colloc.bench.lag import LAG_SHARE_LIMIT, lag_share
+
+    pools = generators.ProfilePools(profiles.load_lucid(), profiles.load_timm_peaks(),
+                                    profiles.load_summaries(), held_out_only=True)
+    philly = [j.work_s / 3600 for j in generators.GENERATORS["philly90h"](pools).jobs]
+    heavy = [j.work_s / 3600 for j in generators.GENERATORS["heavy60h"](pools).jobs]
+    assert lag_share(12.9, 120, philly) > LAG_SHARE_LIMIT
+    assert lag_share(2.1, 60, philly) < LAG_SHARE_LIMIT
+    assert lag_share(1.5, 120, heavy) < LAG_SHARE_LIMIT
+    assert math.isnan(lag_share(math.nan, 120, philly)) and math.isnan(lag_share(1.0, 120, []))
