@@ -144,15 +144,9 @@ def test_nodes_split_the_traces_gpus_over_alike_hosts() -> None:
 
 def test_replay_refuses_a_bad_node_count_before_any_cluster(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-    import sys
+    from tests.unit.bench_scripts import load
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "replay.py"
-    spec = importlib.util.spec_from_file_location("replay_cli", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["replay_cli"] = mod
-    spec.loader.exec_module(mod)
+    mod = load("replay")
     assert mod.main(["--trace", "philly90h", "--nodes", "3", "--results", str(tmp_path),
                      "--root-base", str(tmp_path / "never")]) == 2
     assert "split evenly" in capsys.readouterr().err

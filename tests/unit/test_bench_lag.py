@@ -186,17 +186,9 @@ def test_lag_fields_take_the_ledger_over_the_samples() -> None:
 
 
 def _start_lag_module() -> object:
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from tests.unit.bench_scripts import load
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "start_lag.py"
-    spec = importlib.util.spec_from_file_location("start_lag", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["start_lag"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load("start_lag")
 
 
 def test_committed_philly90h_x120_run_colloc_waits_seconds_whole_gpu_does_not() -> None:
@@ -234,17 +226,12 @@ def test_committed_heavy60h_run_is_corrected_by_the_rule_it_states(tmp_path: Pat
     """benchmarks/recorrect_lags.py recomputes a committed run's lag-corrected figures from
     its own CSVs; on heavy60h run 2 (the run with heavy60h-041) it must give what is
     committed, and not the 0.55x the late first sighting of a requeued job gave."""
-    import importlib.util
     import shutil
-    import sys
 
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    run = bench / "results" / "issue24_final" / "heavy60h" / "x120" / "run2"
-    spec = importlib.util.spec_from_file_location("recorrect_lags", bench / "recorrect_lags.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["recorrect_lags"] = mod
-    spec.loader.exec_module(mod)
+    from tests.unit.bench_scripts import BENCHMARKS, load
+
+    run = BENCHMARKS / "results" / "issue24_final" / "heavy60h" / "x120" / "run2"
+    mod = load("recorrect_lags")
     committed = {m.policy: m for m in mod.read_metrics(run / "heavy60h.csv")}
     copy = tmp_path / "run2"
     shutil.copytree(run, copy)

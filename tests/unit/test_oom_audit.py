@@ -7,22 +7,11 @@ limits nothing (plain shards), from the committed CSVs alone.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "oom_audit.py"
-
-
-def _audit_module() -> object:
-    spec = importlib.util.spec_from_file_location("oom_audit", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["oom_audit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.unit.bench_scripts import load
 
 
 def _run(d: Path, rows: list[str]) -> None:
@@ -35,7 +24,7 @@ def _run(d: Path, rows: list[str]) -> None:
 
 def test_the_audit_classes_each_oom_and_fails_only_on_one_inside(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    mod = _audit_module()
+    mod = load("oom_audit")
     _run(tmp_path / "clean" / "run1", [
         "colloc,j1,1,COMPLETED,2,0,0,1,1,1,shard=4,4096,explicit,0.1",     # under-guessed
         "shards,j2,2,FAILED,1,0,0,1,1,0,shard=6,6144,,",                   # GPU full
