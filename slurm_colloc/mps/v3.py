@@ -470,18 +470,7 @@ class MpsV3Node:
             raise MpsV3Error(f"{' '.join(argv)}: {e}") from e
         if rc != 0:
             raise MpsV3Error(f"{' '.join(argv)} exited {rc}: {(err or out).strip()[:500]}")
-        deadline = time.monotonic() + self.timeout
-        ident = None
-        while time.monotonic() < deadline:
-            ident = self._learn_identity()
-            if ident is not None and self._socket_is_ours(ident):
-                break
-            ident = None
-            time.sleep(0.02)
-        if ident is None:
-            raise MpsV3Error(f"MPS v3 daemon did not come up in {self.pipe_dir} "
-                             f"in {self.timeout:g} s: {self._why_unrecognised()}"
-                             f"{self._quit_unrecognised()}")
+        ident = self._await_daemon()
         ident.save(self.state_dir / IDENTITY_FILE)
         try:
             listed = {s["name"]: s for s in self.servers()}
@@ -498,6 +487,19 @@ class MpsV3Node:
         except MpsV3Error:
             self.stop()
             raise
+
+    def _await_daemon(self) -> DaemonIdentity:
+        """The identity of the daemon ``start`` ran, once it answers on its socket; or
+        MpsV3Error naming the failed check, after asking what answers there to quit."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            ident = self._learn_identity()
+            if ident is not None and self._socket_is_ours(ident):
+                return ident
+            time.sleep(0.02)
+        raise MpsV3Error(f"MPS v3 daemon did not come up in {self.pipe_dir} "
+                         f"in {self.timeout:g} s: {self._why_unrecognised()}"
+                         f"{self._quit_unrecognised()}")
 
     def _why_unrecognised(self) -> str:
         """Which identity check failed (for the error of a start that timed out)."""
