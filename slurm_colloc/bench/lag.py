@@ -169,9 +169,9 @@ def filled(lags: Sequence[Lag]) -> dict[str, float]:
 LAG_SHARE_LIMIT = 0.15
 """Largest start lag, as a share of the median job's work in trace time, at which a
 replay's co-location figures are trusted (:func:`lag_share`). Set between what was
-measured on 26.05: at 6-11 % (heavy60h x120, philly90h x60) raw and corrected makespans
-agreed within 0.03; at 130-210 % (philly90h x120) they were 0.26-0.28 apart and neither
-matched x60. An x30 run would say whether 11 % is already too much."""
+measured on 26.05: at 6-13 % (heavy60h x120, philly90h x60 run 1) raw and corrected
+makespans agreed within 0.03; at 18 % (x60 run 2) 0.05; at 130-210 % (philly90h x120)
+they were 0.26-0.30 apart and neither matched x60. An x30 run would say more."""
 
 
 def lag_share(lag_s: float, scale: float, work_h: Sequence[float]) -> float:
