@@ -410,12 +410,16 @@ class MpsV3Node:
 
     def _learn_identity(self) -> DaemonIdentity | None:
         """From the pid file, read in the root-owned pipe directory (nobody else writes)."""
+        return self._learn_or_why()[0]
+
+    def _learn_or_why(self) -> tuple[DaemonIdentity | None, str]:
+        """:meth:`_learn_identity`, with why not when it is None."""
         try:
             with _root_dir_fd(self.pipe_dir):
                 pid = int(read_small_file(self.pipe_dir / PID_FILE, owner=os.geteuid()).split()[0])
-        except (OSError, ValueError, IndexError, MpsV3Error):
-            return None
-        return DaemonIdentity.learn(pid, self.binary, self.pipe_dir)
+        except (OSError, ValueError, IndexError, MpsV3Error) as e:
+            return None, f"pid file {self.pipe_dir / PID_FILE}: {e}"
+        return DaemonIdentity.learn_or_why(pid, self.binary, self.pipe_dir)
 
     # --- life cycle ----------------------------------------------------------------
     def config_text(self, gpus: Mapping[int, str]) -> str:
@@ -503,14 +507,9 @@ class MpsV3Node:
 
     def _why_unrecognised(self) -> str:
         """Which identity check failed (for the error of a start that timed out)."""
-        try:
-            with _root_dir_fd(self.pipe_dir):
-                pid = int(read_small_file(self.pipe_dir / PID_FILE, owner=os.geteuid()).split()[0])
-        except (OSError, ValueError, IndexError, MpsV3Error) as e:
-            return f"pid file {self.pipe_dir / PID_FILE}: {e}"
-        ident, why = DaemonIdentity.learn_or_why(pid, self.binary, self.pipe_dir)
+        ident, why = self._learn_or_why()
         if ident is not None and not self._socket_is_ours(ident):
-            return f"daemon {pid} does not answer on {self.pipe_dir / CONTROL}"
+            return f"daemon {ident.pid} does not answer on {self.pipe_dir / CONTROL}"
         return why
 
     def _quit_unrecognised(self) -> str:
