@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
 DEFAULT_PATH = Path("/etc/slurm/colloc.conf")
+MAX_RECOVERY_NICE = 1_000_000
 ENV_VAR = "COLLOC_CONF"
 
 GpuBackendName = Literal["nvml", "sim"]
@@ -136,6 +137,14 @@ class CollocConfig:
     max(5 GiB, 50%), then a whole GPU."""
     max_requeues: int = 2
     """Cap on OOM requeues per job."""
+    recovery_nice: int = 10000
+    """Priority boost of a job requeued after a GPU OOM: it goes back with
+    ``Nice=-N`` (only root may lower a nice value, so the epilog can and a user cannot),
+    ahead of every job without a boost, so recovery costs the job's own run time and
+    not the queue's (the thesis's recovery queue, done with Slurm's priority). 0 leaves
+    its priority alone. Slurm keeps a GPU free for the boosted job only if backfill can
+    plan, which needs time limits on jobs (a partition ``DefaultTime``); without them
+    the boost still puts it first whenever a GPU is wholly free. At most 1,000,000."""
     log_scan_tail_mib: int = 64
     """How much of the end of each job log the epilog reads when looking for OOM."""
     evidence_dir: str = "/var/lib/colloc/evidence"
@@ -259,6 +268,9 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
         raise ConfigError(f"{origin}: shard_mib = {cfg.shard_mib}: must be at least 64 MiB")
     if not 0 <= cfg.active_thread_percentage <= 100:
         raise ConfigError(f"{origin}: active_thread_percentage must be 0..100")
+    if cfg.recovery_nice > MAX_RECOVERY_NICE:
+        raise ConfigError(f"{origin}: recovery_nice = {cfg.recovery_nice}: must be at most "
+                          f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")
     return cfg
 
 

@@ -61,6 +61,10 @@ class JobOutcome:
     first_on_gpu: float | None = None
     """Wall time the job's first process registered on a GPU (:class:`GpuLedger`);
     None where the replay did not keep a ledger (results before issue 24)."""
+    recovery_wait: float | None = None
+    """Wall seconds from the end of the attempt before the last to the start of the
+    last: how long a requeued job waited for its rerun (issue 25 item 4); None for a
+    job with one attempt."""
 
     @property
     def lost(self) -> bool:
@@ -120,7 +124,17 @@ def outcome(
         end=_epoch(last.fields.get("End", "")), oom_crashes=ooms, requeues=requeues,
         gres=_gres(first.fields.get("AllocTRES", "") or first.fields.get("ReqTRES", "")),
         need_mib=sub.need_mib if sub else None, mode=sub.mode if sub else "",
+        recovery_wait=_recovery_wait(rows),
     )
+
+
+def _recovery_wait(rows: Sequence[AccountingRecord]) -> float | None:
+    """Seconds between the last two attempts (rows oldest first); None if unknown."""
+    if len(rows) < 2:
+        return None
+    ended = _epoch(rows[-2].fields.get("End", ""))
+    started = _epoch(rows[-1].fields.get("Start", ""))
+    return max(0.0, started - ended) if ended is not None and started is not None else None
 
 
 def collect(

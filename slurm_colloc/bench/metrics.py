@@ -63,6 +63,11 @@ class PolicyMetrics:
     energy_common_corrected_vs_whole: float = math.nan
     idle_power_w: float = math.nan
     """All GPUs' power with no process (median of the samples)."""
+    p95_wait_h: float = math.nan
+    """95th percentile of queue waits (submit to first start)."""
+    recovery_wait_max_h: float = math.nan
+    """Longest wait of a requeued job for its rerun (:attr:`JobOutcome.recovery_wait`);
+    nan when no job was requeued."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -125,11 +130,14 @@ def policy_metrics(
     t_end = max(ends) if ends else t0
     jct = [(o.end - o.submit) * h for o in done if o.end is not None]
     waits = [(o.start - o.submit) * h for o in outcomes if o.start is not None]
+    recovering = [o.recovery_wait for o in outcomes if o.recovery_wait is not None]
     return PolicyMetrics(
         trace=trace, policy=policy, jobs=n_jobs, completed=len(done),
         lost=n_jobs - len(done), makespan_h=(t_end - t0) * h,
         mean_jct_h=sum(jct) / len(jct) if jct else math.nan, p95_jct_h=percentile(jct, 95),
         mean_wait_h=sum(waits) / len(waits) if waits else math.nan,
+        p95_wait_h=percentile(waits, 95),
+        recovery_wait_max_h=max(recovering) * h if recovering else math.nan,
         gpu_busy_share=busy_share(points, t0, t_end),
         energy_kwh=energy_between(points, t0, t_end) / 3.6e6,
         oom_crashes=sum(o.oom_crashes for o in outcomes),

@@ -28,6 +28,8 @@ class Policy:
     node_scripts: bool
     one_gpu_args: Callable[[TraceJob, Path | None, int], list[str]]
     """(job, summary file or None, shard MiB) -> sbatch options of a one-GPU job."""
+    mps_protocol: str = "2"
+    """The MPS its cluster's nodes run (``3``: one multi-user server per GPU)."""
 
     def args(self, job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
         """sbatch options: a multi-GPU job asks for whole GPUs under every policy.
@@ -76,8 +78,10 @@ def _colloc_margin_once(job: TraceJob, summary: Path | None, shard_mib: int) -> 
     return [f"--colloc-mem={est.estimate_mib}M"]
 
 
-DIAGNOSTIC = {"colloc-margin-once"}
-"""Policies not run by default (they bypass part of the submit path)."""
+DIAGNOSTIC = {"colloc-margin-once", "colloc-v3"}
+"""Policies not run by default: ``colloc-margin-once`` bypasses part of the submit
+path; ``colloc-v3`` would be a fifth cluster on the replay machine (ask for it with
+``--policies``, beside ``colloc`` to measure one MPS server per GPU against several)."""
 
 POLICIES: dict[str, Policy] = {
     p.name: p
@@ -86,6 +90,8 @@ POLICIES: dict[str, Policy] = {
         Policy("shards", "shards, user guess, no limits/recovery", False, _shards),
         Policy("colloc", "slurm-colloc, default estimator", True, _colloc),
         Policy("colloc-oracle", "slurm-colloc, oracle memory", True, _oracle),
+        Policy("colloc-v3", "slurm-colloc, MPS v3 (one multi-user server per GPU)", True,
+               _colloc, mps_protocol="3"),
         Policy("colloc-margin-once", "slurm-colloc, estimate with its margin once "
                "(diagnostic)", True, _colloc_margin_once),
     )

@@ -31,7 +31,8 @@ def outcomes_csv(policy_outcomes: Mapping[str, Sequence[JobOutcome]], t0: float,
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["policy", "job", "job_id", "state", "attempts", "submit_h", "start_h", "end_h",
-                "oom_crashes", "requeues", "gres", "need_mib", "mode", "first_gpu_h"])
+                "oom_crashes", "requeues", "gres", "need_mib", "mode", "first_gpu_h",
+                "recovery_wait_h"])
     h = scale / 3600.0
 
     def rel(t: float | None) -> str:
@@ -42,7 +43,8 @@ def outcomes_csv(policy_outcomes: Mapping[str, Sequence[JobOutcome]], t0: float,
             w.writerow([policy, o.name, o.job_id, o.state, o.attempts, rel(o.submit),
                         rel(o.start), rel(o.end), o.oom_crashes, o.requeues, o.gres,
                         o.need_mib if o.need_mib is not None else "", o.mode,
-                        rel(o.first_on_gpu)])
+                        rel(o.first_on_gpu),
+                        "" if o.recovery_wait is None else f"{o.recovery_wait * h:.3f}"])
     return buf.getvalue()
 
 
@@ -66,8 +68,9 @@ def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
             "| mean wait h | GPU busy | energy kWh (common window) | vs whole "
             "| kWh per done GPU-h | vs whole | energy kWh (own makespan) | OOM crashes "
             "| requeues | fallbacks | wall s | start lag s (real) "
-            "| makespan vs whole, lag at real duration | stretch Slurm / GPU time |")
-    sep = "|" + "---|" * 21
+            "| makespan vs whole, lag at real duration | stretch Slurm / GPU time "
+            "| p95 wait h | longest OOM recovery wait h |")
+    sep = "|" + "---|" * 23
     lines = [head, sep]
     for r in rows:
         lines.append(
@@ -78,7 +81,7 @@ def markdown_table(rows: Sequence[PolicyMetrics]) -> str:
             f"| {r.kwh_per_gpu_h_vs_whole:.2f}x | {r.energy_kwh:.1f} | {r.oom_crashes} "
             f"| {r.requeues} | {r.fallbacks} | {r.wall_s:.0f} | {r.start_lag_s:.2f} "
             f"| {r.makespan_corrected_vs_whole:.2f}x | {r.stretch_slurm:.2f} / "
-            f"{r.stretch_gpu:.2f} |"
+            f"{r.stretch_gpu:.2f} | {r.p95_wait_h:.2f} | {r.recovery_wait_max_h:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -93,6 +96,8 @@ SUMMARY_METRICS = (
     ("completed", "done", "{:.0f}"),
     ("lost", "lost", "{:.0f}"),
     ("oom_crashes", "OOM crashes", "{:.0f}"),
+    ("p95_wait_h", "p95 wait h", "{:.2f}"),
+    ("recovery_wait_max_h", "longest OOM recovery wait h", "{:.2f}"),
     ("gpu_busy_share", "GPU busy", "{:.2f}"),
     ("idle_while_queued", "GPU idle while jobs wait", "{:.3f}"),
     ("start_lag_s", "start lag s (real)", "{:.2f}"),

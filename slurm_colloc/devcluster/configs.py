@@ -158,6 +158,10 @@ def slurmdbd_conf(spec: Spec, layout: Layout, db_password: str) -> str:
     ) + "\n"
 
 
+MPS_STAND_INS = {"2": "colloc-sim-mps-control", "3": "colloc-sim-mps-control-v3"}
+"""The simulation's ``nvidia-cuda-mps-control`` of each MPS protocol (Spec.mps_protocol)."""
+
+
 def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
     """colloc's own configuration for the devcluster: the simulated GPU backend."""
     v = layout.colloc_var
@@ -169,7 +173,8 @@ def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
             f"shard_mib = {spec.shard_mib}",
             f"gpu_memory_mib = {spec.gpu_memory_mib}",
             f"gpu_reserved_mib = {spec.colloc_config().gpu_reserved_mib}",
-            f'mps_control = "{venv_bin / "colloc-sim-mps-control"}"',
+            f'mps_control = "{venv_bin / MPS_STAND_INS[spec.mps_protocol]}"',
+            f'mps_protocol = "{spec.mps_protocol}"',
             f'mps_root = "{layout.mps_root}"',
             "shared_partitions = ["
             + ", ".join(f'"{p}"' for p in spec.shared_partitions()) + "]",

@@ -74,9 +74,15 @@ class Spec:
     one partition ``gpu`` whose GPUs carry shards, as on the one-node lab. Why: a replay
     compares one node with several of the same total capacity, so only the number of
     hosts may differ, not the GPUs' sizes or the partitions a job can reach."""
+    mps_protocol: str = "2"
+    """``2``: the simulation's legacy MPS stand-in (one server per GPU and user). ``3``:
+    its MPS v3 stand-in (one multi-user server per GPU; colloc.conf ``mps_protocol``),
+    so a replay can measure both (issue 25 item 3)."""
 
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""
+        if self.mps_protocol not in ("2", "3"):
+            raise ValueError(f"mps_protocol {self.mps_protocol!r}: must be '2' or '3'")
         if not 1 <= self.nodes <= MAX_NODES:
             raise ValueError(f"--nodes {self.nodes}: must be 1..{MAX_NODES}")
         if self.uniform and self.nodes == 1:

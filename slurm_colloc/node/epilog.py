@@ -201,10 +201,10 @@ def run(
         log.error("accounting record not built: %s", e)
     if result.decision is not None and result.decision.requeue:
         try:
-            comment_error = requeue(ctx, adapter, result.decision.new_shards, admin_comment=text)
+            errors = requeue(ctx, adapter, result.decision.new_shards, admin_comment=text,
+                             nice=cfg.recovery_nice)
             result.requeued = True
-            if comment_error:
-                result.errors.append(comment_error)
+            result.errors.extend(errors)
         except (SlurmError, ValueError) as e:
             result.errors.append(f"requeue failed: {e}")
             log.error("requeue failed: %s", e)
@@ -402,9 +402,10 @@ def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogR
 
 
 def requeue(
-    ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None
-) -> str | None:
-    """Hold-requeue, raise the shard request, release.
+    ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None,
+    nice: int = 0,
+) -> list[str]:
+    """Hold-requeue, raise the shard request, boost the priority, release.
 
     Holding first closes the race in which the scheduler starts the job again with
     the old request before the update lands. Slurm then delays the new start by the
@@ -412,9 +413,14 @@ def requeue(
     makes slurmd run the Prolog again for the same job id on the same node, so it is
     not bypassed (the devcluster shortens cred_expire instead; docs/node.md).
 
+    ``nice`` > 0 sends the job back with ``Nice=-nice`` (``recovery_nice``): a recovery
+    waits for a wholly free GPU, and without a boost every later small job that fits
+    a half-free GPU goes first (replays saw 0.2 h jobs finish 3-9 h after their OOM).
+
     Only jobs colloc placed (:func:`placed_by_colloc`) are requeued: a user's gres/gpu
-    job raises ValueError before Slurm is asked anything (issue 11, M5). A refused
-    AdminComment update does not undo the requeue: its message is returned instead.
+    job raises ValueError before Slurm is asked anything (issue 11, M5). The shard
+    request is the requeue; a refused priority boost or AdminComment update does not
+    undo it: their messages are returned instead.
     """
     if not placed_by_colloc(ctx):
         raise ValueError(
@@ -423,16 +429,21 @@ def requeue(
     if new_shards <= 0:
         raise ValueError(f"job {ctx.job_id}: refusing a request of {new_shards} shards")
     adapter.requeue(ctx.job_id, hold=True)
-    comment_error = None
+    errors: list[str] = []
     try:
         if new_shards != ctx.shards or not ctx.is_shared:
             adapter.update_job(ctx.job_id, TresPerNode=f"gres/shard:{new_shards}")
+        if nice > 0:
+            try:
+                adapter.update_job(ctx.job_id, Nice=str(-nice))
+            except SlurmError as e:
+                errors.append(f"recovery priority not raised after the requeue: {e}")
         if admin_comment:
             # allowed now: the job is pending again, not finished
             try:
                 adapter.update_job(ctx.job_id, AdminComment=admin_comment)
             except SlurmError as e:
-                comment_error = f"AdminComment not updated after the requeue: {e}"
+                errors.append(f"AdminComment not updated after the requeue: {e}")
     finally:
         adapter.release(ctx.job_id)
-    return comment_error
+    return errors

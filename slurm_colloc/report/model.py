@@ -72,6 +72,9 @@ class AttemptView:
     series_points: list[list[float | int | None]] = field(default_factory=list)
     """The plotted points: [seconds since the attempt's start, memory MiB (max),
     activity % (SM activity, or utilisation when ``sm_source`` says so) or None]."""
+    waited_s: int | None = None
+    """Seconds the attempt queued: sacct's Submit to Start (a requeue starts a new
+    Submit, so a rerun's wait counts from its requeue)."""
     unenforced: list[list[float]] | None = None
     """Spans [from, to] (epoch seconds) in which the attempt ran with no collector on
     its node: limits not enforced, nothing sampled. None: not known on this host (the
@@ -112,6 +115,8 @@ class JobReport:
     truncated: bool = False
     request: str = ""
     """What Slurm was asked for (sacct's ReqTRES, or the controller's TRES while running)."""
+    pending: dict[str, Any] | None = None
+    """For a job the controller still has pending: its ``reason`` and signed ``nice``."""
 
     @property
     def running(self) -> bool:
@@ -324,6 +329,8 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     for i, a in enumerate(attempts):
         row = rows[i] if len(rows) == len(attempts) else None
         views.append(_view(a, _outcome(a, row, i == len(attempts) - 1, state)))
+        if row is not None and row.start is not None and row.submit is not None:
+            views[-1].waited_s = max(0, row.start - row.submit)
     series = _attach_series(raw, attempts, views, metas, inquirer)
     site_budget = config_budget(cfg)
     return JobReport(
@@ -337,7 +344,19 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         shard_mib=cfg.shard_mib, gpu_memory_mib=cfg.gpu_memory_mib or None,
         series=series, truncated=bool(record and record.truncated),
         request=(last.req_tres if last else "") or str((live or {}).get("TresPerNode", "") or ""),
+        pending=_pending(live, state),
     )
+
+
+def _pending(live: dict[str, Any] | None, state: str) -> dict[str, Any] | None:
+    """Reason and nice of a job still waiting (None once it runs or ends)."""
+    if live is None or state not in ("PENDING", "REQUEUED"):
+        return None
+    try:
+        nice = int(str(live.get("Nice", "0") or "0"))
+    except ValueError:
+        nice = 0
+    return {"reason": str(live.get("Reason", "") or "None"), "nice": nice}
 
 
 def _records(rows: list[JobRow], live: dict[str, Any] | None,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from slurm_colloc.report import placement
+
 if TYPE_CHECKING:
     from slurm_colloc.report.model import AttemptView, JobReport
 
@@ -38,8 +40,9 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
     if not rep.colloc:
         return ["This job carries no colloc data (not submitted with --colloc or a "
                 "shard request, or it never reached a colloc node)."], []
-    notes = _state_notes(rep) + [n for a in rep.attempts for n in _attempt_notes(rep, a)]
-    advice: list[str] = []
+    notes = (_state_notes(rep) + placement.pending_notes(rep)
+             + [n for a in rep.attempts for n in _attempt_notes(rep, a)])
+    advice: list[str] = placement.advice(rep)
     _fatal_cuda(rep, notes, advice)
     f = _final(rep)
     if f is None or f.peak_mib is None:
@@ -66,7 +69,8 @@ def _state_notes(rep: JobReport) -> list[str]:
 
 
 def _attempt_notes(rep: JobReport, a: AttemptView) -> list[str]:
-    notes = []
+    where = placement.attempt_note(rep, a)
+    notes = [where] if where else []
     if a.oom:
         ev = (f"; log kept in {a.oom.get('evidence_where') or a.oom['evidence']}"
               if a.oom.get("evidence") else "")

@@ -185,6 +185,7 @@ def scontrol_view(job: SlurmJob) -> dict[str, Any]:
         "AdminComment": job.admin_comment, "Comment": job.comment,
         "StdOut": job.stdout or "", "StdErr": job.stderr or job.stdout or "",
         "ExitCode": f"{code[0]}:{code[1]}", "BatchHost": job.batch_host,
+        "Nice": str(job.nice),
     }
 
 

@@ -167,6 +167,9 @@ class SlurmJob:
     array_task_id: int | None
     job_state: JobState = UNKNOWN_STATE
     """The typed state: base and flags (``state`` is its one-word name)."""
+    nice: int = 0
+    """Slurm's nice value, signed (negative: a boost only root may give, such as an
+    OOM recovery's ``recovery_nice``)."""
 
     @property
     def allocated_gpus(self) -> tuple[int, ...] | None:
@@ -314,6 +317,7 @@ def _job(d: Mapping[str, Any]) -> SlurmJob:
         array_job_id=_int(d, "array_job_id") or 0,
         array_task_id=_int(d, "array_task_id", None),
         job_state=state,
+        nice=_int(d, "nice") or 0,
     )
 
 

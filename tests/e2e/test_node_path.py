@@ -132,6 +132,41 @@ def test_oom_over_limit_is_requeued_on_a_whole_gpu_and_completes(
     assert [r.state for r in recs] == [first, "COMPLETED"], recs
 
 
+def test_an_oom_recovery_runs_ahead_of_jobs_queued_before_it(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    """issue 25 item 4: the requeued job goes back with Nice=-recovery_nice, so when
+    its GPU comes wholly free it starts before three jobs that were queued for that
+    room before its OOM (Slurm's own priority; no private queue). Without the boost the
+    requeue's new submit time puts it behind them, and a 30-shard job takes the GPU."""
+    blockers = [sbatch(cluster, workdir, "sleep 300", "--gres=shard:35") for _ in range(3)]
+    jobs = list(blockers)
+    try:
+        _wait_running(slurm, blockers)
+        oom = sbatch(cluster, workdir, "colloc-simjob --mem 2G --peak 9G --peak-at 0.3 --seconds 2",
+                     "--gres=shard:6")
+        holder = sbatch(cluster, workdir, "sleep 25", "--gres=shard:30")
+        jobs += [oom, holder]
+        _wait_running(slurm, [oom, holder])
+        queued = [sbatch(cluster, workdir, "sleep 300", "--gres=shard:30") for _ in range(3)]
+        jobs += queued
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            info = slurm.show_job(oom) or {}
+            if info.get("Restarts") == "1" and info.get("JobState") == "RUNNING":
+                break
+            time.sleep(1)
+        info = slurm.show_job(oom) or {}
+        assert info.get("Restarts") == "1" and info.get("JobState") == "RUNNING", info
+        assert info["Nice"] == f"-{_cfg(cluster).recovery_nice}", info
+        assert "gres/shard:39" in info["TresPerNode"]
+        waiting = [(slurm.show_job(q) or {}).get("JobState") for q in queued]
+        assert waiting == ["PENDING"] * 3, f"a queued job took the GPU first: {waiting}"
+    finally:
+        slurm.cancel(jobs)
+        wait_for_jobs(slurm, jobs, timeout=60)
+
+
 def test_oom_on_a_whole_gpu_is_not_requeued(
     cluster: Cluster, slurm: SlurmCli, workdir: Path
 ) -> None:

@@ -133,6 +133,9 @@ def test_nodes_split_the_traces_gpus_over_alike_hosts() -> None:
     assert [d.parent.name for d in sim_dirs(c)] == ["colloc-node0", "colloc-node1"]
     one = cluster_for(trace, policies.POLICIES["colloc"], 1, ReplayConfig())
     assert (one.spec.nodes, one.spec.gpus, sim_dirs(one)) == (1, 4, [one.layout.sim])
+    assert one.spec.mps_protocol == "2"
+    v3 = cluster_for(trace, policies.POLICIES["colloc-v3"], 2, ReplayConfig())
+    assert v3.spec.mps_protocol == "3" and "colloc-v3" in policies.DIAGNOSTIC  # opt-in
     for nodes, why in ((3, "split evenly"), (4, "asks for 2")):
         try:
             gpus_per_node(trace, nodes)

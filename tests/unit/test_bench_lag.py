@@ -168,7 +168,8 @@ def test_the_ledger_keeps_each_jobs_first_registration_across_gpus_and_rewrites(
     assert outs[0].first_on_gpu == 100.2
     csv_text = report.outcomes_csv({"colloc": outs}, t0=0.0, scale=SCALE)
     header, row = csv_text.splitlines()
-    assert header.endswith(",first_gpu_h") and row.endswith(f",{100.2 * H:.3f}")
+    assert header.endswith(",first_gpu_h,recovery_wait_h")
+    assert row.endswith(f",{100.2 * H:.3f},")  # one attempt: no recovery wait
 
 
 def _outcome(job_id: int, start: float, end: float = 140.0) -> JobOutcome:

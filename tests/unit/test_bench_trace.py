@@ -10,7 +10,7 @@ import pytest
 from slurm_colloc.accounting.codec import encode
 from slurm_colloc.accounting.record import Attempt, JobRecord, OomInfo, Requeue
 from slurm_colloc.bench import generators, metrics, policies, profiles
-from slurm_colloc.bench.collect import outcome
+from slurm_colloc.bench.collect import JobOutcome, outcome
 from slurm_colloc.bench.profiles import LucidProfile
 from slurm_colloc.bench.sampler import GpuPoint
 from slurm_colloc.bench.trace import TraceJob, jobs_from_csv, jobs_to_csv
@@ -102,6 +102,29 @@ def test_outcome_from_colloc_records() -> None:
         "COMPLETED", 2, 1, 1, False)
     assert o.need_mib == 5000 and o.mode == "explicit" and o.gres == "shard=5"
     assert o.end is not None and o.start is not None and o.end - o.start == 90
+    assert o.recovery_wait == 20  # the rerun started 20 s after the OOM'd attempt ended
+
+
+def test_recovery_wait_is_unknown_for_one_attempt_or_no_times() -> None:
+    one = [_row("COMPLETED", "2026-01-01T00:00:10", "2026-01-01T00:00:20")]
+    assert outcome("j", 7, one, None).recovery_wait is None
+    pending = [_row("REQUEUED", "2026-01-01T00:00:10", "2026-01-01T00:00:20", "", "1:0"),
+               _row("PENDING", "Unknown", "Unknown")]
+    assert outcome("j", 7, pending, None).recovery_wait is None
+
+
+def test_policy_metrics_report_the_longest_recovery_and_p95_wait() -> None:
+    def o(name: str, wait: float | None, start: float) -> JobOutcome:
+        return JobOutcome(name, 1, "COMPLETED", 2 if wait else 1, 0.0, start, 100.0, 0,
+                          1 if wait else 0, "", None, "", recovery_wait=wait)
+
+    outs = [o("a", None, 1.0), o("b", 30.0, 2.0), o("c", 90.0, 40.0)]
+    m = metrics.policy_metrics("t", "colloc", outs, [], t0=0.0, scale=3600.0, n_jobs=3,
+                               fallbacks=0, wall_s=1.0)
+    assert m.recovery_wait_max_h == 90.0 and m.p95_wait_h == 40.0
+    none = metrics.policy_metrics("t", "colloc", outs[:1], [], t0=0.0, scale=3600.0, n_jobs=1,
+                                  fallbacks=0, wall_s=1.0)
+    assert math.isnan(none.recovery_wait_max_h)
 
 
 def test_outcome_plain_slurm_oom_is_lost() -> None:

@@ -33,6 +33,8 @@ def test_dump_then_load_round_trips(tmp_path: Path) -> None:
         ("max_requeues = -1", "must not be negative"),
         ("requeue_on_oom = 1", "true or false"),
         ("active_thread_percentage = 150", "0..100"),
+        ("recovery_nice = 2147483647", "at most 1,000,000"),
+        ("recovery_nice = -5", "must not be negative"),
         ("sample_interval_s = 0", "must be positive"),
         ("shard_mib = ", "not valid TOML"),
     ],

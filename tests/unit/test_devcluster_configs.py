@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from slurm_colloc import config as cfgmod
 from slurm_colloc.devcluster import configs
 from slurm_colloc.devcluster.layout import Layout, Spec
 
@@ -31,7 +33,8 @@ def test_slurm_conf_declares_node_gres_and_accounting() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    [Spec(gpus=0), Spec(gpu_memory_mib=10), Spec(ctld_port=16818), Spec(mysql_port=80)],
+    [Spec(gpus=0), Spec(gpu_memory_mib=10), Spec(ctld_port=16818), Spec(mysql_port=80),
+     Spec(mps_protocol="auto")],
 )
 def test_bad_shapes_are_refused(spec: Spec) -> None:
     with pytest.raises(ValueError):
@@ -90,6 +93,15 @@ def test_multi_node_hosts_have_two_gpu_sizes_and_shards_only_in_the_shared_parti
     assert "PartitionName=gpu Nodes=colloc-node2 Default=YES" in conf
     colloc = configs.colloc_conf(spec, Layout(Path("/r")), Path("/v/bin"))
     assert 'shared_partitions = ["shared:40960", "shared80:81920"]' in colloc
+
+
+@pytest.mark.parametrize(("protocol", "stand_in"),
+                         [("2", "colloc-sim-mps-control"), ("3", "colloc-sim-mps-control-v3")])
+def test_the_mps_protocol_picks_its_stand_in(protocol: str, stand_in: str) -> None:
+    """issue 25 item 3: a replay policy runs legacy MPS or v3 by its cluster's spec."""
+    conf = configs.colloc_conf(Spec(mps_protocol=protocol), Layout(Path("/r")), Path("/v"))
+    cfg = cfgmod.from_mapping(tomllib.loads(conf))
+    assert cfg.mps_protocol == protocol and cfg.mps_control == f"/v/{stand_in}"
 
 
 def test_one_node_lab_keeps_its_single_partition_shared() -> None:

@@ -327,7 +327,7 @@ def test_record_history(monkeypatch, tmp_path, exit_code, cause, outcome, succee
 
 def test_requeue_holds_updates_then_releases() -> None:
     s = FakeSlurm()
-    assert epilog.requeue(ctx_of(), s, 40, admin_comment="cl1:rec") is None
+    assert epilog.requeue(ctx_of(), s, 40, admin_comment="cl1:rec") == []
     assert s.kinds() == ["requeue", "update:TresPerNode", "update:AdminComment", "release"]
     assert s.calls[0] == ("requeue", 77, True)
     assert s.calls[1][3] == "gres/shard:40"
@@ -349,8 +349,32 @@ def test_requeue_whole_gpu_job_resets_its_request() -> None:
 def test_requeue_refused_admin_comment_is_returned_not_raised() -> None:
     s = FakeSlurm(fail={"AdminComment": SlurmError("Job has already finished")})
     msg = epilog.requeue(ctx_of(), s, 40, admin_comment="cl1:rec")
-    assert msg == "AdminComment not updated after the requeue: Job has already finished"
+    assert msg == ["AdminComment not updated after the requeue: Job has already finished"]
     assert s.kinds()[-1] == "release"
+
+
+def test_requeue_boosts_the_recovery_after_resizing_it() -> None:
+    """issue 25 item 4: the requeued job goes back with Nice=-N (root only), after the
+    shard update that is the requeue itself, and before the release lets it run."""
+    s = FakeSlurm()
+    assert epilog.requeue(ctx_of(), s, 40, admin_comment="cl1:rec", nice=10000) == []
+    assert s.kinds() == ["requeue", "update:TresPerNode", "update:Nice", "update:AdminComment",
+                         "release"]
+    assert s.calls[2][3] == "-10000"
+
+
+def test_requeue_without_a_boost_leaves_the_priority_alone() -> None:
+    s = FakeSlurm()
+    epilog.requeue(ctx_of(), s, 40, nice=0)
+    assert "update:Nice" not in s.kinds()
+
+
+def test_a_refused_boost_keeps_the_requeue_and_says_so() -> None:
+    s = FakeSlurm(fail={"Nice": SlurmError("Access/permission denied")})
+    msg = epilog.requeue(ctx_of(), s, 40, admin_comment="cl1:rec", nice=500)
+    assert msg == ["recovery priority not raised after the requeue: Access/permission denied"]
+    assert s.kinds() == ["requeue", "update:TresPerNode", "update:Nice", "update:AdminComment",
+                         "release"]
 
 
 def test_requeue_failed_update_still_releases() -> None:
@@ -407,7 +431,9 @@ def test_run_gpu_oom_requeues_with_evidence(tmp_path, scan, quiet) -> None:
     assert r.evidence_line == "CUDA out of memory"
     assert sorted(quiet["kept"][0]) == ["/logs/77.err", "/logs/77.out"]
     assert r.decision is not None and r.decision.requeue and r.requeued
-    assert s.kinds() == ["requeue", "update:TresPerNode", "update:AdminComment", "release"]
+    assert s.kinds() == ["requeue", "update:TresPerNode", "update:Nice", "update:AdminComment",
+                         "release"]
+    assert ("update", 77, "Nice", f"-{cfg.recovery_nice}") in s.calls  # the default boost
     assert quiet["spooled"] == []  # the record went with the requeue
     assert r.shards_per_gpu == 40
 

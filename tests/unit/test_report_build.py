@@ -273,3 +273,39 @@ def test_admin_view_says_when_it_assumes_the_gpu_size() -> None:
     assert any("gpu_memory_mib = 0" in m for m in unsized.warnings)
     sized = admin.summarize_period(rows, replace(CFG, gpu_memory_mib=40960), "x", None)
     assert not any("gpu_memory_mib" in m for m in sized.warnings)
+
+
+def test_placement_notes_say_where_each_attempt_ran_and_how_long_it_queued() -> None:
+    """issue 25 item 5: the GPU, the share of it, and the queue wait of each attempt."""
+    w = world()
+    w.rows["13"] = [row("13", "REQUEUED", comment(OOM0), exit_code="1:0", submit=100, start=160),
+                    row("13", "COMPLETED", comment(OOM0, OOM1), el=30, submit=200, start=1400)]
+    rep = job_report.build("13", w, CFG)
+    assert [a.waited_s for a in rep.attempts] == [60, 1200]
+    notes = " ".join(rep.notes)
+    assert ("Attempt 0 asked for 6 of a GPU's 39 shards (15 %), waited 00:01:00 in the queue "
+            "then ran on GPU 0 of n0.") in notes
+    assert "Attempt 1 asked for 40 shards, a GPU of its own, waited " \
+           "00:20:00 in the queue after its requeue then ran on GPU 1 of n0." in notes
+
+
+def test_a_pending_recovery_says_it_runs_ahead_and_a_big_request_gets_advice() -> None:
+    w = world()
+    w.rows["60"] = [row("60", "REQUEUED", comment(OOM0), exit_code="1:0")]
+    w._live["60"] = {"JobState": "PENDING", "Reason": "Resources", "Nice": "-10000",
+                     "Restarts": "1", "AdminComment": comment(OOM0)}
+    rep = job_report.build("60", w, CFG)
+    assert rep.pending == {"reason": "Resources", "nice": -10000}
+    notes = " ".join(rep.notes)
+    assert "Pending (Resources): no GPU has the shards it asks for free yet." in notes
+    assert "runs ahead of the queue" in notes and "Nice=-10000" in notes
+    # a recovery is meant to ask for a whole GPU: no advice to ask for less
+    assert not any("smaller batch" in r for r in rep.recommendations)
+    w._live["61"] = {"JobState": "PENDING", "Reason": "Resources", "Nice": "0", "Restarts": "0",
+                     "AdminComment": SUB.replace("shards=6", "shards=30")}
+    w.rows["61"] = []
+    big = job_report.build("61", w, CFG)
+    assert big.pending == {"reason": "Resources", "nice": 0}
+    assert "runs ahead" not in " ".join(big.notes)
+    assert any("asks for 30 of a GPU's 39 shards (77 %)" in r and "smaller batch" in r
+               for r in big.recommendations), big.recommendations

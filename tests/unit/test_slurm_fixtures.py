@@ -236,3 +236,18 @@ def test_adapter_accounting_uses_the_pinned_data_parser(
     assert rec.exit_code == "0:9" and fake.calls[0][1] == ad.JSON_FLAG
     assert ad.job_state(_cli(monkeypatch, Fake(_load(release, "scontrol-unknown.json"))),
                         1) in ("UNKNOWN", "FAILED")
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_the_nice_value_is_read_signed(release: str, tool: str) -> None:
+    """The report and the e2e recovery test read Nice from the JSON (issue 25 item 4):
+    the real documents carry 0, and a boosted job's negative value stays negative."""
+    jid = _ids(release)["requeued"]
+    text = _load(release, f"{tool}-requeued-pending.json")
+    assert parse_job(text, jid).nice == 0  # type: ignore[union-attr]
+    doc = json.loads(text)
+    for j in doc["jobs"]:
+        j["nice"] = -10000
+    job = parse_job(json.dumps(doc), jid)
+    assert job is not None and job.nice == -10000
+    assert ad.scontrol_view(job)["Nice"] == "-10000"
