@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="rebuild <trace>_summary.{csv,md} from the runs on disk")
     p.add_argument("--nodes", type=int, default=1,
                    help="split the trace's GPUs over N alike hosts (default 1)")
+    p.add_argument("--time-limit-factor", type=float, default=0.0,
+                   help="give every job --time = F x its solo run time (default 0: no "
+                        "limits); keep such runs in their own --results directory")
     p.add_argument("--limit", type=int, help="replay only the first N jobs (smoke runs)")
     p.add_argument("--seed", type=int, help="trace generator seed (default per trace)")
     p.add_argument("--results", type=Path, default=RESULTS)
@@ -148,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     except TraceFileError as e:
         sys.stderr.write(f"{e}\n")
         return 2
+    if a.time_limit_factor < 0:
+        sys.stderr.write(f"--time-limit-factor {a.time_limit_factor:g}: must be 0 (no limits) "
+                         "or positive\n")
+        return 2
     if a.validate:
         sys.stdout.write(f"{trace.name}: {len(trace.jobs)} jobs OK\n")
         return 0
@@ -159,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.limit:
         trace = replace(trace, jobs=trace.jobs[: a.limit])
     cfg = ReplayConfig(time_scale=a.time_scale, root_base=a.root_base, port_base=a.port_base,
-                       keep_clusters=a.keep, nodes=a.nodes)
+                       keep_clusters=a.keep, nodes=a.nodes,
+                       time_limit_factor=a.time_limit_factor)
     try:
         gpus_per_node(trace, a.nodes)
     except ValueError as e:

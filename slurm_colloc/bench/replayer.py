@@ -55,6 +55,12 @@ class ReplayConfig:
     """Program the cli_filter runs as the estimator ('' = the installed ``colloc``)."""
     nodes: int = 1
     """Compute hosts the trace's GPUs are split over (same total capacity)."""
+    time_limit_factor: float = 0.0
+    """Each job asks for ``--time`` = this many times its solo run time (wall minutes,
+    rounded up, at least 1); 0: no time limits (Slurm's backfill then cannot plan, so a
+    job needing wholly free GPUs waits until some happen to drain). Sites set limits;
+    the factor stands for users' over-asking and must cover co-location's slowdown, or
+    a slowed job times out (a lost job in the results)."""
 
 
 @dataclass
@@ -107,6 +113,14 @@ def sim_dirs(cluster: Cluster) -> list[Path]:
     if not cluster.spec.multi_node:
         return [cluster.layout.sim]
     return [cluster.layout.node_dir(n.name) / "sim" for n in cluster.spec.node_plans()]
+
+
+def time_limit_args(job: TraceJob, cfg: ReplayConfig) -> list[str]:
+    """``--time=M`` (wall minutes) for ``cfg.time_limit_factor`` x the job's solo work."""
+    if cfg.time_limit_factor <= 0:
+        return []
+    minutes = math.ceil(job.work_s * cfg.time_limit_factor / cfg.time_scale / 60)
+    return [f"--time={max(1, minutes)}"]
 
 
 def job_script(job: TraceJob) -> str:
@@ -247,8 +261,9 @@ class Replayer:
         if self.cfg.estimator_command:
             env["COLLOC_ESTIMATOR_COMMAND"] = self.cfg.estimator_command
         script.chmod(0o644)
+        limit = time_limit_args(job, self.cfg)
         argv = ["sbatch", "--parsable", f"--job-name={job.name}", f"--output={out}",
-                "--open-mode=append", f"--chdir={r.workdir}", *args, str(script)]
+                "--open-mode=append", f"--chdir={r.workdir}", *limit, *args, str(script)]
         if job.user:  # the user's own submission: their uid, their MPS server
             argv = ["runuser", "-u", job.user, "--", *argv]
         cp = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,

@@ -132,7 +132,11 @@ def write_results(trace: Trace, rp: Replayer, rows: list[PolicyMetrics], cfg: Re
          "the one-node run's capacity); GPUs numbered across hosts. " if cfg.nodes > 1
          else "One compute host. ")
         + f"Time scale x{cfg.time_scale:g} (trace seconds per wall second); all times below "
-        "are trace hours. Every number is read from sacct, AdminComment records and the "
+        "are trace hours. "
+        + (f"Every job asks for --time of {cfg.time_limit_factor:g}x its solo run time "
+           "(whole wall minutes, at least 1), so backfill can plan. "
+           if cfg.time_limit_factor > 0 else "No job has a time limit. ")
+        + "Every number is read from sacct, AdminComment records and the "
         "simulated GPUs' counters of this run.",
         "",
         report.markdown_table(rows),

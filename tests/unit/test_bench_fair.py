@@ -154,3 +154,25 @@ def test_replay_refuses_a_bad_node_count_before_any_cluster(
                      "--root-base", str(tmp_path / "never")]) == 2
     assert "split evenly" in capsys.readouterr().err
     assert not (tmp_path / "never-whole-gpu").exists() and not list(tmp_path.iterdir())
+
+
+def test_time_limits_are_whole_wall_minutes_of_the_scaled_work() -> None:
+    """--time-limit-factor: backfill needs limits to keep GPUs free for a job that
+    needs them whole (a multi-GPU job, an OOM recovery); none by default."""
+    from slurm_colloc.bench.replayer import ReplayConfig, time_limit_args
+
+    job = _job(work_s=3600.0)  # 1 trace hour: 60 s of wall time at x60
+    assert time_limit_args(job, ReplayConfig(time_scale=60)) == []
+    assert time_limit_args(job, ReplayConfig(time_scale=60, time_limit_factor=3)) == ["--time=3"]
+    assert time_limit_args(job, ReplayConfig(time_scale=60, time_limit_factor=2.5)) == [
+        "--time=3"]  # 150 s rounds up to 3 minutes
+    short = _job(work_s=60.0)  # 1 s of wall time: never a zero limit (Slurm: unlimited)
+    assert time_limit_args(short, ReplayConfig(time_scale=60, time_limit_factor=3)) == [
+        "--time=1"]
+
+
+def test_a_negative_time_limit_factor_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.unit.bench_scripts import load
+
+    assert load("replay").main(["--trace", "philly90h", "--time-limit-factor", "-1"]) == 2
+    assert "must be 0 (no limits) or positive" in capsys.readouterr().err
