@@ -30,6 +30,8 @@ class Policy:
     """(job, summary file or None, shard MiB) -> sbatch options of a one-GPU job."""
     mps_protocol: str = "2"
     """The MPS its cluster's nodes run (``3``: one multi-user server per GPU)."""
+    spread_shards: bool = True
+    """Least-loaded shard placement (``LL_SHARED_GRES``); False: Slurm's first fit."""
 
     def args(self, job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
         """sbatch options: a multi-GPU job asks for whole GPUs under every policy.
@@ -78,10 +80,11 @@ def _colloc_margin_once(job: TraceJob, summary: Path | None, shard_mib: int) -> 
     return [f"--colloc-mem={est.estimate_mib}M"]
 
 
-DIAGNOSTIC = {"colloc-margin-once", "colloc-v3"}
+DIAGNOSTIC = {"colloc-margin-once", "colloc-v3", "colloc-pack"}
 """Policies not run by default: ``colloc-margin-once`` bypasses part of the submit
-path; ``colloc-v3`` would be a fifth cluster on the replay machine (ask for it with
-``--policies``, beside ``colloc`` to measure one MPS server per GPU against several)."""
+path; ``colloc-v3`` and ``colloc-pack`` would be a fifth and sixth cluster on the replay
+machine (ask for them with ``--policies``, beside ``colloc``, to measure one MPS server
+per GPU against several, and packing against spreading)."""
 
 POLICIES: dict[str, Policy] = {
     p.name: p
@@ -92,6 +95,8 @@ POLICIES: dict[str, Policy] = {
         Policy("colloc-oracle", "slurm-colloc, oracle memory", True, _oracle),
         Policy("colloc-v3", "slurm-colloc, MPS v3 (one multi-user server per GPU)", True,
                _colloc, mps_protocol="3"),
+        Policy("colloc-pack", "slurm-colloc, shards packed first-fit (no LL_SHARED_GRES)",
+               True, _colloc, spread_shards=False),
         Policy("colloc-margin-once", "slurm-colloc, estimate with its margin once "
                "(diagnostic)", True, _colloc_margin_once),
     )

@@ -103,7 +103,7 @@ def cluster_for(trace: Trace, policy: Policy, index: int, cfg: ReplayConfig) -> 
         memory_mib=98304, cluster_name=f"replay{index}", ctld_port=base,
         slurmd_port=base + 1, dbd_port=base + 2, mysql_port=base + 3,
         node_scripts=policy.node_scripts, nodes=cfg.nodes, uniform=cfg.nodes > 1,
-        mps_protocol=policy.mps_protocol,
+        mps_protocol=policy.mps_protocol, spread_shards=policy.spread_shards,
     )
     return Cluster(Layout(Path(f"{cfg.root_base}-{policy.name}")), spec)
 

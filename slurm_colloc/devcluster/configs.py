@@ -81,7 +81,8 @@ def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None 
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
         "SelectType=select/cons_tres",
-        f"SelectTypeParameters={slurm_release.select_parameters(version)}",
+        "SelectTypeParameters="
+        + slurm_release.select_parameters(version, spread=spec.spread_shards),
         "SchedulerType=sched/backfill",
         "SchedulerParameters=sched_interval=2,bf_interval=5,defer_batch",
         "GresTypes=gpu,shard",

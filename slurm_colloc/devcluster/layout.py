@@ -79,6 +79,10 @@ class Spec:
     its MPS v3 stand-in (one multi-user server per GPU; colloc.conf ``mps_protocol``),
     so a replay can measure both (issue 25 item 3)."""
 
+    spread_shards: bool = True
+    """``LL_SHARED_GRES`` where the release has it (shard jobs go to the least-loaded
+    GPU); False: Slurm's first fit, which packs (a replay policy measures both)."""
+
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""
         if self.mps_protocol not in ("2", "3"):

@@ -51,13 +51,16 @@ def cgroup_conf(version: tuple[int, int]) -> str | None:
             "CgroupPlugin=disabled\n")
 
 
-def select_parameters(version: tuple[int, int]) -> str:
+def select_parameters(version: tuple[int, int], *, spread: bool = True) -> str:
     """SelectTypeParameters: least-loaded GPU for shards where the release has it.
 
     ``LL_SHARED_GRES`` (23.11+) places a shard job on the GPU with the fewest
     shards in use instead of the first with room, spreading co-located jobs.
+    ``spread=False`` leaves Slurm's first fit (packing), for the replay to measure
+    against: packing keeps whole GPUs free for jobs that need them whole.
     """
-    return "CR_Core_Memory,LL_SHARED_GRES" if version >= (23, 11) else "CR_Core_Memory"
+    ll = spread and version >= (23, 11)
+    return "CR_Core_Memory,LL_SHARED_GRES" if ll else "CR_Core_Memory"
 
 
 def slurmdbd_env() -> tuple[tuple[str, str], ...]:

@@ -136,6 +136,9 @@ def test_nodes_split_the_traces_gpus_over_alike_hosts() -> None:
     assert one.spec.mps_protocol == "2"
     v3 = cluster_for(trace, policies.POLICIES["colloc-v3"], 2, ReplayConfig())
     assert v3.spec.mps_protocol == "3" and "colloc-v3" in policies.DIAGNOSTIC  # opt-in
+    pack = cluster_for(trace, policies.POLICIES["colloc-pack"], 3, ReplayConfig())
+    assert not pack.spec.spread_shards and one.spec.spread_shards
+    assert "colloc-pack" in policies.DIAGNOSTIC
     for nodes, why in ((3, "split evenly"), (4, "asks for 2")):
         try:
             gpus_per_node(trace, nodes)

@@ -104,6 +104,15 @@ def test_the_mps_protocol_picks_its_stand_in(protocol: str, stand_in: str) -> No
     assert cfg.mps_protocol == protocol and cfg.mps_control == f"/v/{stand_in}"
 
 
+def test_a_packing_cluster_leaves_out_least_loaded_placement() -> None:
+    """issue 25 item 1: the replay's colloc-pack measures first fit against spreading."""
+    layout = Layout(Path("/r"))
+    spread = configs.slurm_conf(Spec(), layout, version=(24, 11))
+    packed = configs.slurm_conf(Spec(spread_shards=False), layout, version=(24, 11))
+    assert "SelectTypeParameters=CR_Core_Memory,LL_SHARED_GRES\n" in spread
+    assert "SelectTypeParameters=CR_Core_Memory\n" in packed and "LL_SHARED" not in packed
+
+
 def test_one_node_lab_keeps_its_single_partition_shared() -> None:
     spec = Spec()
     assert [p.partition for p in spec.node_plans()] == ["gpu"]
