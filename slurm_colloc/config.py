@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args, get_type_hints
 
 DEFAULT_PATH = Path("/etc/slurm/colloc.conf")
 MAX_RECOVERY_NICE = 1_000_000
+MAX_SM_CAPACITY_PCT = 400
 ENV_VAR = "COLLOC_CONF"
 
 GpuBackendName = Literal["nvml", "sim"]
@@ -92,6 +93,24 @@ class CollocConfig:
     gpu_reserved_mib: int = 0
     """Memory the driver keeps on each GPU. 0: what the backend reports (NVML's
     ``nvmlDeviceGetMemoryInfo_v2`` reserved, the sim's spec); set it to override."""
+
+    # --- Compute admission: SM activity as a second dimension of shards --------------
+    sm_capacity_pct: int = 0
+    """Summed SM activity (DCGM SMACT, %) one GPU's jobs may be expected to have.
+    job_submit.lua gives a ``--colloc`` job at least ``ceil(sm / sm_capacity_pct *
+    shards_per_gpu)`` shards, ``sm`` being its expected SM activity (below), so Slurm
+    never puts more expected compute on a GPU than this, with shards the one currency
+    (docs/admin.md, "Compute admission"). 0 (the default): memory alone sizes shards.
+    At most 400. 100 suits legacy MPS with several users per GPU (time-sliced); about
+    108 one MPS server per GPU (v3; the replay's calibrated capacity)."""
+    sm_prior_pct: int = 0
+    """Expected SM activity (%) of a job whose user has no measured run of the same
+    model in ``compute_history_file``. 0: such a job is sized by memory alone."""
+    compute_history_file: str = "/var/lib/colloc/compute-history"
+    """Root-owned table of expected SM activity per (uid, model fingerprint), written by
+    ``colloc admin compute-history --write`` (a root timer) from the accounting records
+    the epilog leaves, read by job_submit.lua inside slurmctld (reloaded every minute).
+    Missing or unreadable: every job gets ``sm_prior_pct``."""
 
     # --- Estimation ----------------------------------------------------------------
     estimator: str = "layer-aware"
@@ -268,6 +287,14 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
         raise ConfigError(f"{origin}: shard_mib = {cfg.shard_mib}: must be at least 64 MiB")
     if not 0 <= cfg.active_thread_percentage <= 100:
         raise ConfigError(f"{origin}: active_thread_percentage must be 0..100")
+    if cfg.sm_capacity_pct > MAX_SM_CAPACITY_PCT:
+        raise ConfigError(f"{origin}: sm_capacity_pct = {cfg.sm_capacity_pct}: must be at most "
+                          f"{MAX_SM_CAPACITY_PCT} (0 turns compute admission off)")
+    if cfg.sm_prior_pct > 100:
+        raise ConfigError(f"{origin}: sm_prior_pct = {cfg.sm_prior_pct}: must be 0..100")
+    if not os.path.isabs(cfg.compute_history_file):
+        raise ConfigError(f"{origin}: compute_history_file = {cfg.compute_history_file!r}: "
+                          "must be an absolute path (slurmctld reads it)")
     if cfg.recovery_nice > MAX_RECOVERY_NICE:
         raise ConfigError(f"{origin}: recovery_nice = {cfg.recovery_nice}: must be at most "
                           f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")

@@ -14,7 +14,8 @@ RECORD_PREFIX = "colloc1:"
 Mode = Literal["estimate", "explicit", "default", "shards", "whole"]
 _MODES = ("estimate", "explicit", "default", "shards", "whole")
 _PAIR = re.compile(r"^([a-z0-9_]+)=([a-z0-9._-]*)$")
-_INTS = ("need_mib", "shards", "shard_mib", "alloc_mib", "est_mib", "margin_mib")
+_INTS = ("need_mib", "shards", "shard_mib", "alloc_mib", "est_mib", "margin_mib", "sm_pct",
+         "mem_shards")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,12 @@ class CollocRecord:
     margin_mib: int | None = None
     fingerprint: str | None = None
     why: str | None = None
+    sm_pct: int | None = None
+    """Expected SM activity (%) compute admission sized the job by (None: it was off)."""
+    sm_source: str | None = None
+    """``history`` (the user's measured runs of the model) or ``prior``."""
+    mem_shards: int | None = None
+    """Shards memory alone asked for (``shards`` is larger when compute decided)."""
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -67,5 +74,8 @@ def parse_record(text: str | None) -> CollocRecord | None:
         margin_mib=ints.get("margin_mib"),
         fingerprint=values.pop("fp", None),
         why=values.pop("why", None),
+        sm_pct=ints.get("sm_pct"),
+        sm_source=values.pop("sm_src", None),
+        mem_shards=ints.get("mem_shards"),
         extra=values,
     )

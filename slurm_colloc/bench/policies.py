@@ -32,6 +32,9 @@ class Policy:
     """The MPS its cluster's nodes run (``3``: one multi-user server per GPU)."""
     spread_shards: bool = True
     """Least-loaded shard placement (``LL_SHARED_GRES``); False: Slurm's first fit."""
+    sm_capacity_pct: int = 0
+    """Compute admission on its cluster (colloc.conf ``sm_capacity_pct``; 0: off), with
+    the users' history of earlier runs written from the trace (a warm site)."""
 
     def args(self, job: TraceJob, summary: Path | None, shard_mib: int) -> list[str]:
         """sbatch options: a multi-GPU job asks for whole GPUs under every policy.
@@ -80,11 +83,11 @@ def _colloc_margin_once(job: TraceJob, summary: Path | None, shard_mib: int) -> 
     return [f"--colloc-mem={est.estimate_mib}M"]
 
 
-DIAGNOSTIC = {"colloc-margin-once", "colloc-v3", "colloc-pack"}
+DIAGNOSTIC = {"colloc-margin-once", "colloc-v3", "colloc-pack", "colloc-sm", "colloc-v3-sm"}
 """Policies not run by default: ``colloc-margin-once`` bypasses part of the submit
 path; ``colloc-v3`` and ``colloc-pack`` would be a fifth and sixth cluster on the replay
 machine (ask for them with ``--policies``, beside ``colloc``, to measure one MPS server
-per GPU against several, and packing against spreading)."""
+per GPU against several, packing against spreading, and compute admission)."""
 
 POLICIES: dict[str, Policy] = {
     p.name: p
@@ -97,6 +100,11 @@ POLICIES: dict[str, Policy] = {
                _colloc, mps_protocol="3"),
         Policy("colloc-pack", "slurm-colloc, shards packed first-fit (no LL_SHARED_GRES)",
                True, _colloc, spread_shards=False),
+        Policy("colloc-sm", "slurm-colloc, compute admission (sm_capacity_pct=100, "
+               "warm history)", True, _colloc, sm_capacity_pct=100),
+        Policy("colloc-v3-sm", "slurm-colloc, MPS v3 and compute admission "
+               "(sm_capacity_pct=108, warm history)", True, _colloc, mps_protocol="3",
+               sm_capacity_pct=108),
         Policy("colloc-margin-once", "slurm-colloc, estimate with its margin once "
                "(diagnostic)", True, _colloc_margin_once),
     )

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,8 +105,37 @@ def cluster_for(trace: Trace, policy: Policy, index: int, cfg: ReplayConfig) -> 
         slurmd_port=base + 1, dbd_port=base + 2, mysql_port=base + 3,
         node_scripts=policy.node_scripts, nodes=cfg.nodes, uniform=cfg.nodes > 1,
         mps_protocol=policy.mps_protocol, spread_shards=policy.spread_shards,
+        sm_capacity_pct=policy.sm_capacity_pct,
     )
     return Cluster(Layout(Path(f"{cfg.root_base}-{policy.name}")), spec)
+
+
+def warm_compute_history(trace: Trace, summaries: dict[str, str],
+                         uid_of: Callable[[str], int | None]) -> dict[tuple[int, str], int]:
+    """The compute-history table a site would have after these jobs' earlier runs.
+
+    Why: compute admission sizes a job by its user's measured runs of the same model;
+    a replay starts on an empty accounting database, so the table root's timer would
+    have written (``colloc admin compute-history``) is written from the trace: per
+    (user, summary fingerprint), the largest ``sm_pct`` of the trace's jobs, as
+    :func:`~slurm_colloc.accounting.compute_history.expected_sm` keeps it. Jobs
+    without a summary (``--colloc-mem``) have no fingerprint and get the prior.
+    """
+    from estimators import parse_summary
+
+    fps: dict[str, str] = {}
+    out: dict[tuple[int, str], int] = {}
+    for job in trace.jobs:
+        text = summaries.get(job.summary or "")
+        uid = uid_of(job.user) if job.user else None
+        if text is None or uid is None or job.gpus != 1:
+            continue
+        if job.summary not in fps:
+            fps[job.summary] = parse_summary(text).fingerprint()
+        key = (uid, fps[job.summary])
+        sm = max(1, min(100, math.ceil(job.sm_pct)))
+        out[key] = max(out.get(key, 0), sm)
+    return out
 
 
 def sim_dirs(cluster: Cluster) -> list[Path]:
@@ -227,7 +257,16 @@ class Replayer:
             r.workdir.chmod(0o1777)
             for user in sorted({j.user for j in self.trace.jobs if j.user}):
                 ensure_user(r.cluster, user)
+            if r.policy.sm_capacity_pct:
+                self._write_compute_history(r)
             log.info("%s: cluster up in %.0fs at %s", r.policy.name, secs, r.cluster.layout.root)
+
+    def _write_compute_history(self, r: PolicyRun) -> None:
+        from slurm_colloc.accounting import compute_history as ch
+
+        table = warm_compute_history(self.trace, self.summaries, ch.uid_by_name)
+        ch.write(r.cluster.layout.colloc_var / "compute-history", table)
+        log.info("%s: compute history of %d (user, model) entries", r.policy.name, len(table))
 
     def down(self) -> None:
         """Stop every cluster (keeps nothing but what was collected)."""

@@ -242,3 +242,40 @@ def doctor(slurm_conf: Path | None, offline: bool, check_gpus: bool, submit_as: 
         click.echo(f"{mark} {f.what}" + (f": {f.detail}" if f.detail else ""))
     if any(f.level == "fail" for f in findings):
         raise SystemExit(1)
+
+
+@admin.command("compute-history")
+@click.option("--days", type=click.IntRange(1, 3650), default=None,
+              help="How far back to read finished jobs (default: history_days).")
+@click.option("--write", "write_", is_flag=True,
+              help="Replace compute_history_file (root, on the controller); else print.")
+def compute_history(days: int | None, write_: bool) -> None:
+    """Expected SM activity per user and model, for compute admission (sm_capacity_pct).
+
+    Reads every user's completed jobs from Slurm's accounting and keeps, per (uid,
+    model fingerprint), the largest mean SM activity of its newest complete runs.
+    Run it as root from a timer (docs/admin.md, "Compute admission"); job_submit.lua
+    rereads the file every minute.
+    """
+    from datetime import datetime, timedelta
+
+    from slurm_colloc.accounting import compute_history as ch
+    from slurm_colloc.slurm.adapter import SlurmCli, SlurmError
+
+    cfg = _load_config()
+    since = datetime.now() - timedelta(days=days or cfg.history_days)
+    try:
+        rows = SlurmCli().accounting_period(since.strftime("%Y-%m-%dT%H:%M:%S"))
+    except SlurmError as e:
+        raise click.ClickException(f"cannot read Slurm's accounting: {_one_line(e)}; the "
+                                   "table is left as it was") from e
+    table = ch.build_table(ch.measurements(rows, ch.uid_by_name))
+    if not write_:
+        click.echo(ch.render(table), nl=False)
+        return
+    path = Path(cfg.compute_history_file)
+    try:
+        ch.write(path, table)
+    except (ch.ComputeHistoryError, OSError) as e:
+        raise click.ClickException(f"{path}: not written: {_one_line(e)}") from e
+    click.echo(f"{path}: {len(table)} (user, model) entries from {len(rows)} jobs")

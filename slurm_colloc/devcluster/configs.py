@@ -182,6 +182,8 @@ def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
             f'evidence_dir = "{v / "evidence"}"',
             f'metrics_dir = "{v / "metrics"}"',
             f'history_db = "{v / "history.sqlite"}"',
+            f"sm_capacity_pct = {spec.sm_capacity_pct}",
+            f'compute_history_file = "{v / "compute-history"}"',
             f'log_file = "{layout.log / "colloc.log"}"',
         ]
     ) + "\n"

@@ -82,6 +82,9 @@ class Spec:
     spread_shards: bool = True
     """``LL_SHARED_GRES`` where the release has it (shard jobs go to the least-loaded
     GPU); False: Slurm's first fit, which packs (a replay policy measures both)."""
+    sm_capacity_pct: int = 0
+    """colloc.conf ``sm_capacity_pct`` (compute admission; 0: off), so a replay policy
+    can measure it; the table it reads is ``<colloc var>/compute-history``."""
 
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""

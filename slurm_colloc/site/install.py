@@ -166,6 +166,10 @@ class SiteSettings:
     shared_partitions: tuple[SharedPartition, ...] = ()
     """Partitions whose GPUs are shared, in colloc.conf's order (the first takes
     ``--colloc`` jobs without a partition). Empty: colloc is opt-in per job."""
+    sm_capacity_pct: int = 0
+    """Compute admission (colloc.conf); 0: off."""
+    sm_prior_pct: int = 0
+    compute_history_file: str = ""
 
     def __post_init__(self) -> None:
         if self.jobs_mib < self.shard_mib:
@@ -261,6 +265,9 @@ def settings_from_config(
         estimate_timeout_s=cfg.estimate_timeout_s,
         trusted_uids=tuple(sorted(set(trusted_uids) | {0})),
         shared_partitions=shared,
+        sm_capacity_pct=cfg.sm_capacity_pct,
+        sm_prior_pct=cfg.sm_prior_pct,
+        compute_history_file=cfg.compute_history_file,
     )
 
 
@@ -313,6 +320,9 @@ def render_job_submit(s: SiteSettings, chain: SiteScript | None = None) -> str:
             f"trusted_uids = {{ {uids} }}",
             f"shared_partitions = {{ {names} }}",  # in order: the first takes --colloc jobs
             f"partition_gpu_mib = {{ {sizes} }}",  # usable MiB of one GPU per partition
+            f"sm_capacity_pct = {s.sm_capacity_pct}",  # compute admission; 0: off
+            f"sm_prior_pct = {s.sm_prior_pct}",
+            f"compute_history_file = {_lua_string(s.compute_history_file)}",
         ],
         "job_submit.lua",
     )

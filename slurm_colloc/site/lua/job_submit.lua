@@ -38,11 +38,17 @@ job_desc.spank_job_env as _SLURM_SPANK_OPTION_colloc_<opt>=VALUE):
   3. turns it into gres/shard on one GPU: shards = ceil(need / shard_mib), added
      to TresPerNode as gres/shard:K (Slurm then never promises a GPU more memory
      than it has, because each GPU offers only gpu_memory_mib // shard_mib shards;
-     24.11+ refuses the 22.05 spelling gres:shard:K, see add_shards);
+     24.11+ refuses the 22.05 spelling gres:shard:K, see add_shards); with compute
+     admission on (sm_capacity_pct > 0), at least ceil(sm / sm_capacity_pct * S)
+     shards of a GPU of S shards, sm being the job's expected SM activity: the
+     user's own measured runs of the model (compute_history_file, uid + fp, written
+     by root's `colloc admin compute-history --write`), else sm_prior_pct; so a GPU's
+     shards bound its expected compute as well as its memory;
   4. strips the estimate record from the comment (the user's own comment stays)
      and records the decision in AdminComment:
        colloc1:mode=M,need_mib=N,shards=K,shard_mib=S,alloc_mib=K*S
-              [,est=NAME,est_mib=E,margin_mib=G,fp=HEX][,why=REASON]
+              [,est=NAME,est_mib=E,margin_mib=G,fp=HEX]
+              [,sm_pct=P,sm_src=history|prior,mem_shards=KM][,why=REASON]
      only [a-z0-9._=,:-] characters (safe under slurmdbd's lowercasing).
 A job that asks for gres/shard without --colloc gets mode=shards, so the node
 scripts limit its memory to what it asked for (shards, typed or not, must be asked
@@ -96,6 +102,9 @@ local COLLOC = {
 	trusted_uids = { [0] = true },
 	shared_partitions = {},
 	partition_gpu_mib = {},
+	sm_capacity_pct = 0,
+	sm_prior_pct = 0,
+	compute_history_file = "",
 }
 
 -- The site's own job_submit.lua, embedded by `colloc admin install --chain-job-submit`.
@@ -449,6 +458,54 @@ local function colloc_target(job_desc)
 	return shared, hi, lo, false
 end
 
+-- Compute admission: expected SM activity per (uid, fingerprint), from the root-owned
+-- table `colloc admin compute-history --write` keeps (lines "UID FP SM_PCT"). Read at
+-- most once a minute; a missing file or a bad line costs only that entry (the prior).
+local COMPUTE_RELOAD_S = 60
+local COMPUTE_MAX_LINES = 200000
+local compute = { at = nil, sm = {} }
+
+local function load_compute_table()
+	local now = os.time()
+	if compute.at ~= nil and now - compute.at < COMPUTE_RELOAD_S then return compute.sm end
+	compute.at, compute.sm = now, {}
+	if COLLOC.compute_history_file == "" then return compute.sm end
+	local f = io.open(COLLOC.compute_history_file, "r")
+	if not f then
+		slurm.log_info("colloc: job_submit: no compute history at %s (prior only)",
+			COLLOC.compute_history_file)
+		return compute.sm
+	end
+	local n = 0
+	for line in f:lines() do
+		n = n + 1
+		if n > COMPUTE_MAX_LINES then break end
+		local uid, fp, sm = string.match(line, "^(%d+) ([0-9a-f]+) (%d+)$")
+		sm = tonumber(sm)
+		if uid and #fp <= 64 and sm and sm >= 1 and sm <= 100 then
+			compute.sm[uid .. " " .. fp] = sm
+		end
+	end
+	f:close()
+	return compute.sm
+end
+
+-- (expected SM %, where it came from) of a job, or (nil, nil) without admission.
+local function expected_sm(submit_uid, fp)
+	if COLLOC.sm_capacity_pct <= 0 then return nil, nil end
+	if fp ~= nil then
+		local sm = load_compute_table()[tostring(submit_uid) .. " " .. fp]
+		if sm ~= nil then return sm, "history" end
+	end
+	if COLLOC.sm_prior_pct > 0 then return COLLOC.sm_prior_pct, "prior" end
+	return nil, nil
+end
+
+-- Shards that stand for sm % of a GPU of spg shards under the capacity (at most spg).
+local function compute_shards(sm, spg)
+	return math.min(spg, math.ceil(sm * spg / COLLOC.sm_capacity_pct))
+end
+
 local function colloc_submit(job_desc, opts, req, submit_uid)
 	if req.mentions_gpu then
 		return reject(E_GRES, "--colloc cannot be combined with --gres=gpu or --gpus*: "
@@ -507,6 +564,9 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 	end
 	local shards = math.ceil(need / COLLOC.shard_mib)
 	if shards < 1 then shards = 1 end
+	local mem_shards = shards
+	local sm, sm_src = expected_sm(submit_uid, est and est.fp)
+	if sm ~= nil then shards = math.max(shards, compute_shards(sm, shards_of(small_mib))) end
 
 	if sharing() then
 		-- only the listed partitions whose GPU holds the job (at least the largest does)
@@ -533,6 +593,9 @@ local function colloc_submit(job_desc, opts, req, submit_uid)
 	if est then
 		rec = rec .. string.format(",est=%s,est_mib=%d,margin_mib=%d,fp=%s",
 			est.est, est.mib, est.margin, est.fp)
+	end
+	if sm ~= nil then
+		rec = rec .. string.format(",sm_pct=%d,sm_src=%s,mem_shards=%d", sm, sm_src, mem_shards)
 	end
 	if why then rec = rec .. ",why=" .. why end
 	job_desc.admin_comment = rec
