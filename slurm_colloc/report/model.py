@@ -263,7 +263,8 @@ def _submitted(rec: CollocRecord | None) -> dict[str, Any] | None:
     return {"mode": rec.mode, "estimate_mib": rec.est_mib or rec.need_mib,
             "estimator": rec.estimator or rec.mode, "need_mib": rec.need_mib,
             "shards": rec.shards, "shard_mib": rec.shard_mib, "alloc_mib": rec.alloc_mib,
-            "fingerprint": rec.fingerprint}
+            "fingerprint": rec.fingerprint, "sm_pct": rec.sm_pct, "sm_source": rec.sm_source,
+            "mem_shards": rec.mem_shards}
 
 
 def _live_attempt(rec: CollocRecord | None, live: dict[str, Any], n: int,

@@ -55,6 +55,22 @@ def attempt_note(rep: JobReport, a: AttemptView) -> str | None:
             + " then ".join(parts) + ".")
 
 
+def compute_note(rep: JobReport) -> str | None:
+    """How compute admission sized the job, when it was on (None: memory alone)."""
+    sub = rep.submitted or {}
+    sm, mem, shards = sub.get("sm_pct"), sub.get("mem_shards"), sub.get("shards")
+    if not isinstance(sm, int) or not isinstance(mem, int) or not isinstance(shards, int):
+        return None
+    src = ("your earlier runs of this model" if sub.get("sm_source") == "history"
+           else "the site's prior for a model it has not measured for you")
+    if shards <= mem:
+        return (f"Sized by memory ({mem} shards); its expected SM activity, {sm} % from "
+                f"{src}, needed no more.")
+    return (f"Sized by compute: expected SM activity {sm} % (from {src}) takes "
+            f"{_share(rep, shards)} where memory needed {mem}, so the GPU is not "
+            "promised more compute than it can serve (compute admission, docs/admin.md).")
+
+
 def pending_notes(rep: JobReport) -> list[str]:
     """Why a pending job waits, from the controller's reason and nice value."""
     if not rep.pending:
@@ -79,6 +95,11 @@ def advice(rep: JobReport) -> list[str]:
         return []
     if shards * 2 <= rep.shards_per_gpu or (rep.pending or {}).get("nice", 0) < 0:
         return []
+    mem = (rep.submitted or {}).get("mem_shards")
+    if isinstance(mem, int) and mem * 2 <= rep.shards_per_gpu < shards * 2:
+        return [f"It asks for {_share(rep, shards)} because of its expected compute, not "
+                "its memory: it starts where that much of a GPU's compute is free. A "
+                "smaller batch or model lowers both."]
     return [f"It asks for {_share(rep, shards)}: it can only start where half a GPU or "
             "more is free. A smaller batch lowers the estimate (--colloc-batch-size), and "
             "a job under half a GPU fits beside others and usually starts sooner."]

@@ -40,7 +40,8 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
     if not rep.colloc:
         return ["This job carries no colloc data (not submitted with --colloc or a "
                 "shard request, or it never reached a colloc node)."], []
-    notes = (_state_notes(rep) + placement.pending_notes(rep)
+    compute = placement.compute_note(rep)
+    notes = (_state_notes(rep) + ([compute] if compute else []) + placement.pending_notes(rep)
              + [n for a in rep.attempts for n in _attempt_notes(rep, a)])
     advice: list[str] = placement.advice(rep)
     _fatal_cuda(rep, notes, advice)

@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,7 +74,35 @@ def check_files(slurm_conf: Path, cfg: CollocConfig, running: SlurmRelease | Non
     d = slurm_conf.parent
     return [*_check_conf_keys(conf), *_check_plugin(conf, d, running, slurm_conf),
             *_check_lua(d, cfg), _check_gres(d / "gres.conf"),
-            *check_cgroup_conf(d / "cgroup.conf", running)]
+            *check_cgroup_conf(d / "cgroup.conf", running), *check_compute_history(cfg)]
+
+
+COMPUTE_HISTORY_STALE_S = 2 * 86400
+"""A compute-history table older than this is reported: its timer has stopped."""
+
+
+def check_compute_history(cfg: CollocConfig, now: float | None = None) -> list[Finding]:
+    """With compute admission on, the table job_submit.lua reads must be there and fresh.
+
+    Missing or stale, every job falls back to ``sm_prior_pct``: nothing breaks, but the
+    admission the site asked for is not happening, which an admin should hear about.
+    """
+    if cfg.sm_capacity_pct <= 0:
+        return []
+    what, path = "compute admission", Path(cfg.compute_history_file)
+    fix = "run `colloc admin compute-history --write` as root from a timer (docs/admin.md)"
+    try:
+        st = path.stat()
+    except OSError as e:
+        return [Finding("warn", what, f"{path}: {e.strerror}; every job gets sm_prior_pct="
+                        f"{cfg.sm_prior_pct}: {fix}")]
+    age = (time.time() if now is None else now) - st.st_mtime
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        return [Finding("fail", what, f"{path} is not root's alone (uid {st.st_uid}, mode "
+                        f"{st.st_mode & 0o777:o}): whoever can write it sizes jobs; {fix}")]
+    if age > COMPUTE_HISTORY_STALE_S:
+        return [Finding("warn", what, f"{path} last written {age / 86400:.1f} days ago: {fix}")]
+    return [Finding("ok", what, f"sm_capacity_pct={cfg.sm_capacity_pct}, table {path}")]
 
 
 def check_cgroup_conf(cgroup_conf: Path, running: SlurmRelease | None) -> list[Finding]:

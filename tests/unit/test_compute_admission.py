@@ -193,3 +193,84 @@ def test_compute_never_pushes_a_job_past_one_gpu(tmp_path: Path) -> None:
     h = _harness(tmp_path, {(1001, FP): 100}, capacity=50)
     job, rec = _submit(h, 1001)
     assert job.tres_per_node == "gres/shard:40" and rec.shards == 40
+
+
+# ------------------------------------------------------------- admin side
+def test_doctor_reports_a_missing_stale_or_foreign_table(tmp_path: Path) -> None:
+    from slurm_colloc.site.doctor import check_compute_history
+
+    path = tmp_path / "compute-history"
+    cfg = from_mapping({"sm_capacity_pct": 100, "compute_history_file": str(path)})
+    assert check_compute_history(from_mapping({})) == []  # off: nothing to check
+    (f,) = check_compute_history(cfg)
+    assert f.level == "warn" and "compute-history --write" in f.detail
+    path.write_text(ch.render({}))
+    os.chmod(path, 0o644)
+    now = path.stat().st_mtime
+    if os.geteuid() == 0:
+        assert check_compute_history(cfg, now)[0].level == "ok"
+        assert check_compute_history(cfg, now + 3 * 86400)[0].level == "warn"
+        os.chmod(path, 0o666)
+    assert check_compute_history(cfg, now)[0].level == "fail"
+
+
+def test_admin_command_builds_the_table_from_every_users_jobs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from slurm_colloc.cli.admin_cmd import admin
+    from slurm_colloc.slurm.adapter import SlurmCli, SlurmError
+
+    rows = [_row(10, "alice", _attempt(0.9)), _row(11, "bob", _attempt(0.2))]
+    asked: list[tuple[str, str | None]] = []
+
+    def period(self: SlurmCli, since: str, until: str | None = None,
+               user: str | None = None, warn: object = None) -> list:
+        asked.append((since, user))
+        return rows
+
+    monkeypatch.setattr(SlurmCli, "accounting_period", period)
+    monkeypatch.setattr(ch, "uid_by_name", UIDS.get)
+    d = tmp_path / "lib"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    conf = tmp_path / "colloc.conf"
+    conf.write_text(f'sm_capacity_pct = 100\ncompute_history_file = "{d / "ch"}"\n')
+    monkeypatch.setenv("COLLOC_CONF", str(conf))
+    out = CliRunner().invoke(admin, ["compute-history"])
+    assert out.exit_code == 0, out.output
+    assert ch.parse(out.output) == {(1001, FP): 90, (1002, FP): 20}
+    assert asked[0][1] is None  # every user's jobs, not the caller's
+    out = CliRunner().invoke(admin, ["compute-history", "--write"])
+    assert out.exit_code == 0 and "2 (user, model) entries from 2 jobs" in out.output
+    assert ch.parse((d / "ch").read_text()) == {(1001, FP): 90, (1002, FP): 20}
+
+    def down(self: SlurmCli, *a: object, **k: object) -> list:
+        raise SlurmError("sacct: error: Problem talking to the database")
+
+    monkeypatch.setattr(SlurmCli, "accounting_period", down)
+    out = CliRunner().invoke(admin, ["compute-history", "--write"])
+    assert out.exit_code == 1 and "left as it was" in out.output
+    assert ch.parse((d / "ch").read_text()) == {(1001, FP): 90, (1002, FP): 20}
+
+
+def test_the_replays_warm_history_keys_on_the_users_uid_and_the_summarys_fingerprint() -> None:
+    from estimators import parse_summary
+    from slurm_colloc.bench.replayer import warm_compute_history
+    from slurm_colloc.bench.trace import Trace, TraceJob
+
+    text = (Path(__file__).parent / "data" / "summaries" / "resnet50_torchinfo.txt").read_text()
+    fp = parse_summary(text).fingerprint()
+
+    def job(name: str, user: str, sm: float, summary: str = "r50", gpus: int = 1) -> TraceJob:
+        return TraceJob(name=name, arrival_s=0.0, size_class="medium", model="r50",
+                        batch_size=32, peak_mib=8000, steady_mib=7000, peak_at=0.5,
+                        sm_pct=sm, work_s=60.0, guess_mib=9000, summary=summary,
+                        gpus=gpus, user=user)
+
+    jobs = (job("a", "alice", 40.2), job("b", "alice", 91.1), job("c", "bob", 20.0),
+            job("d", "bob", 99.0, gpus=2), job("e", "bob", 99.0, summary=""),
+            job("f", "mallory", 99.0))
+    trace = Trace("t", "", 4, 40960, jobs)
+    assert warm_compute_history(trace, {"r50": text}, UIDS.get) == {
+        (1001, fp): 92, (1002, fp): 20}

@@ -309,3 +309,24 @@ def test_a_pending_recovery_says_it_runs_ahead_and_a_big_request_gets_advice() -
     assert "runs ahead" not in " ".join(big.notes)
     assert any("asks for 30 of a GPU's 39 shards (77 %)" in r and "smaller batch" in r
                for r in big.recommendations), big.recommendations
+
+
+def test_a_job_sized_by_compute_says_so_and_gets_compute_advice() -> None:
+    """issue 25 item 2: the record's sm_pct/mem_shards reach the report's notes."""
+    w = world()
+    sized = SUB.replace("shards=6", "shards=36") + ",sm_pct=92,sm_src=history,mem_shards=7"
+    w._live["62"] = {"JobState": "PENDING", "Reason": "Resources", "Nice": "0", "Restarts": "0",
+                     "AdminComment": sized}
+    w.rows["62"] = []
+    rep = job_report.build("62", w, CFG)
+    assert rep.submitted is not None and rep.submitted["sm_pct"] == 92
+    notes = " ".join(rep.notes)
+    assert ("Sized by compute: expected SM activity 92 % (from your earlier runs of this "
+            "model) takes 36 of a GPU's 39 shards (92 %) where memory needed 7") in notes
+    assert any("because of its expected compute" in r for r in rep.recommendations)
+    w._live["63"] = dict(w._live["62"], AdminComment=SUB + ",sm_pct=10,sm_src=prior,"
+                         "mem_shards=6")
+    w.rows["63"] = []
+    small = job_report.build("63", w, CFG)
+    assert "Sized by memory (6 shards)" in " ".join(small.notes)
+    assert "the site's prior" in " ".join(small.notes)
