@@ -32,6 +32,8 @@ class Policy:
     """The MPS its cluster's nodes run (``3``: one multi-user server per GPU)."""
     spread_shards: bool = True
     """Least-loaded shard placement (``LL_SHARED_GRES``); False: Slurm's first fit."""
+    priority_weight_tres: str = ""
+    """slurm.conf ``PriorityWeightTRES`` of its cluster (empty: Slurm's default)."""
     sm_capacity_pct: int = 0
     """Compute admission on its cluster (colloc.conf ``sm_capacity_pct``; 0: off), with
     the users' history of earlier runs written from the trace (a warm site)."""
@@ -83,7 +85,12 @@ def _colloc_margin_once(job: TraceJob, summary: Path | None, shard_mib: int) -> 
     return [f"--colloc-mem={est.estimate_mib}M"]
 
 
-DIAGNOSTIC = {"colloc-margin-once", "colloc-v3", "colloc-pack", "colloc-sm", "colloc-v3-sm"}
+SIZE_PRIORITY = "GRES/shard=10000,GRES/gpu=10000"
+"""Priority by the share of the partition's GPUs a job asks for (shards and whole GPUs
+weigh the same per GPU); below colloc's OOM-recovery boost (``Nice=-10000``)."""
+
+DIAGNOSTIC = {"colloc-margin-once", "colloc-v3", "colloc-pack", "colloc-sm", "colloc-v3-sm",
+              "colloc-v3-prio", "whole-gpu-prio"}
 """Policies not run by default: ``colloc-margin-once`` bypasses part of the submit
 path; ``colloc-v3`` and ``colloc-pack`` would be a fifth and sixth cluster on the replay
 machine (ask for them with ``--policies``, beside ``colloc``, to measure one MPS server
@@ -105,6 +112,11 @@ POLICIES: dict[str, Policy] = {
         Policy("colloc-v3-sm", "slurm-colloc, MPS v3 and compute admission "
                "(sm_capacity_pct=108, warm history)", True, _colloc, mps_protocol="3",
                sm_capacity_pct=108),
+        Policy("colloc-v3-prio", "slurm-colloc, MPS v3, priority by GPU share "
+               "(PriorityWeightTRES)", True, _colloc, mps_protocol="3",
+               priority_weight_tres=SIZE_PRIORITY),
+        Policy("whole-gpu-prio", "whole GPU, priority by GPU share (PriorityWeightTRES)",
+               False, _whole, priority_weight_tres=SIZE_PRIORITY),
         Policy("colloc-margin-once", "slurm-colloc, estimate with its margin once "
                "(diagnostic)", True, _colloc_margin_once),
     )

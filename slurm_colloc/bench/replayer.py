@@ -105,7 +105,7 @@ def cluster_for(trace: Trace, policy: Policy, index: int, cfg: ReplayConfig) -> 
         slurmd_port=base + 1, dbd_port=base + 2, mysql_port=base + 3,
         node_scripts=policy.node_scripts, nodes=cfg.nodes, uniform=cfg.nodes > 1,
         mps_protocol=policy.mps_protocol, spread_shards=policy.spread_shards,
-        sm_capacity_pct=policy.sm_capacity_pct,
+        sm_capacity_pct=policy.sm_capacity_pct, priority_weight_tres=policy.priority_weight_tres,
     )
     return Cluster(Layout(Path(f"{cfg.root_base}-{policy.name}")), spec)
 

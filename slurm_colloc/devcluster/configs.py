@@ -85,6 +85,8 @@ def slurm_conf(spec: Spec, layout: Layout, node_scripts: dict[str, Path] | None 
         + slurm_release.select_parameters(version, spread=spec.spread_shards),
         "SchedulerType=sched/backfill",
         "SchedulerParameters=sched_interval=2,bf_interval=5,defer_batch",
+        *(["PriorityType=priority/multifactor",
+           f"PriorityWeightTRES={spec.priority_weight_tres}"] if spec.priority_weight_tres else []),
         "GresTypes=gpu,shard",
         "DefMemPerCPU=256",
         "MinJobAge=300",

@@ -7,6 +7,7 @@ nothing is written to the host's /etc/slurm, /etc/munge or /var/lib/mysql.
 from __future__ import annotations
 
 import json
+import re
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +42,9 @@ class NodePlan:
     def feature(self) -> str:
         """Node feature naming the GPU size (``gpu40g``), for ``--constraint``."""
         return f"gpu{round(self.gpu_memory_mib / 1024)}g"
+
+
+_TRES_WEIGHT = re.compile(r"[A-Za-z]+(/[a-z0-9_]+)?=\d{1,7}")
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,18 @@ class Spec:
     sm_capacity_pct: int = 0
     """colloc.conf ``sm_capacity_pct`` (compute admission; 0: off), so a replay policy
     can measure it; the table it reads is ``<colloc var>/compute-history``."""
+    priority_weight_tres: str = ""
+    """slurm.conf ``PriorityWeightTRES`` (with ``PriorityType=priority/multifactor``),
+    e.g. ``GRES/shard=10000,GRES/gpu=10000``: jobs asking for more of a GPU go first, so
+    a replay can measure size priority against sharing's starvation of big requests.
+    Empty: Slurm's default priority (every weight 0: submit order, then nice)."""
 
     def validate(self) -> None:
         """Refuse shapes Slurm or the simulation cannot represent."""
+        if self.priority_weight_tres and not all(
+                _TRES_WEIGHT.fullmatch(w) for w in self.priority_weight_tres.split(",")):
+            raise ValueError(f"priority_weight_tres {self.priority_weight_tres!r}: "
+                             "expected TRES=WEIGHT[,TRES=WEIGHT...]")
         if self.mps_protocol not in ("2", "3"):
             raise ValueError(f"mps_protocol {self.mps_protocol!r}: must be '2' or '3'")
         if not 1 <= self.nodes <= MAX_NODES:

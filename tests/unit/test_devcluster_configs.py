@@ -113,6 +113,24 @@ def test_a_packing_cluster_leaves_out_least_loaded_placement() -> None:
     assert "SelectTypeParameters=CR_Core_Memory\n" in packed and "LL_SHARED" not in packed
 
 
+def test_size_priority_and_compute_admission_reach_the_cluster_configs() -> None:
+    """issue 25: replay policies that weigh priority by GPU share or admit by compute."""
+    layout = Layout(Path("/r"))
+    plain = configs.slurm_conf(Spec(), layout, version=(26, 5))
+    assert "PriorityType" not in plain and "PriorityWeightTRES" not in plain
+    spec = Spec(priority_weight_tres="GRES/shard=10000,GRES/gpu=10000", sm_capacity_pct=108)
+    spec.validate()
+    conf = configs.slurm_conf(spec, layout, version=(26, 5))
+    assert "PriorityType=priority/multifactor\n" in conf
+    assert "PriorityWeightTRES=GRES/shard=10000,GRES/gpu=10000\n" in conf
+    cfg = cfgmod.from_mapping(tomllib.loads(configs.colloc_conf(spec, layout, Path("/v"))))
+    assert cfg.sm_capacity_pct == 108
+    assert cfg.compute_history_file == str(layout.colloc_var / "compute-history")
+    for bad in ("GRES/shard", "GRES/shard=1\nX=1", "a=1,,b=2"):
+        with pytest.raises(ValueError, match="priority_weight_tres"):
+            Spec(priority_weight_tres=bad).validate()
+
+
 def test_one_node_lab_keeps_its_single_partition_shared() -> None:
     spec = Spec()
     assert [p.partition for p in spec.node_plans()] == ["gpu"]
