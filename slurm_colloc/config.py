@@ -100,9 +100,12 @@ class CollocConfig:
     job_submit.lua gives a ``--colloc`` job at least ``ceil(sm / sm_capacity_pct *
     shards_per_gpu)`` shards, ``sm`` being its expected SM activity (below), so Slurm
     never puts more expected compute on a GPU than this, with shards the one currency
-    (docs/admin.md, "Compute admission"). 0 (the default): memory alone sizes shards.
-    At most 400. 100 suits legacy MPS with several users per GPU (time-sliced); about
-    108 one MPS server per GPU (v3; the replay's calibrated capacity)."""
+    (docs/admin.md, section 14). 0 (the default): memory alone sizes shards. At most
+    400. What it costs, measured on the replay (docs/benchmarks.md): co-located jobs ran
+    at 1.04-1.08x their solo time instead of 1.18-1.37x, but heavy jobs waited for
+    nearly free GPUs, and makespan and mean JCT grew (0.80x -> 0.84x of whole GPUs
+    under MPS v3 at 108; 0.82x -> 0.89x under legacy MPS at 100). Turn it on where
+    predictable job times matter more than throughput (tight time limits)."""
     sm_prior_pct: int = 0
     """Expected SM activity (%) of a job whose user has no measured run of the same
     model in ``compute_history_file``. 0: such a job is sized by memory alone."""
