@@ -696,6 +696,15 @@ def scope_lines(settings: SiteSettings, chain: SiteScript | None = None) -> list
     return out
 
 
+def compute_admission_lines(s: SiteSettings) -> list[str]:
+    """What the plan says about compute admission (docs/admin.md section 14)."""
+    if s.sm_capacity_pct <= 0:
+        return ["# compute admission: off (sm_capacity_pct = 0): shards are memory alone"]
+    return [f"# compute admission: on, sm_capacity_pct = {s.sm_capacity_pct}, prior "
+            f"{s.sm_prior_pct} %; slurmctld reads {s.compute_history_file}: write it as "
+            "root from a timer, `colloc admin compute-history --write`"]
+
+
 def render_plan(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, types: Sequence[NodeType] = (),
     *, bin_dir: Path | None = None, headers: Path | str | None = None,
@@ -722,7 +731,8 @@ def render_plan(
             else "--colloc jobs and the shared partitions' GPU jobs into shards")
     out += ["## controller (slurmctld)",
             f"job_submit.lua next to slurm.conf ({conf_dir}/job_submit.lua); rewrites {what}",
-            *(f"# {line}" for line in scope_lines(settings, chain)), ""]
+            *(f"# {line}" for line in scope_lines(settings, chain)),
+            *compute_admission_lines(settings), ""]
     out += ["## login / submit hosts",
             f"cli_filter.lua in {conf_dir}/, {plugin} and the plugstack files as above;",
             f"colloc installed so that {settings.estimator} exists", ""]

@@ -274,3 +274,13 @@ def test_the_replays_warm_history_keys_on_the_users_uid_and_the_summarys_fingerp
     trace = Trace("t", "", 4, 40960, jobs)
     assert warm_compute_history(trace, {"r50": text}, UIDS.get) == {
         (1001, fp): 92, (1002, fp): 20}
+
+
+def test_the_install_plan_says_whether_admission_is_on() -> None:
+    from slurm_colloc.site.install import compute_admission_lines
+
+    assert "off" in compute_admission_lines(SETTINGS)[0]
+    (on,) = compute_admission_lines(replace(SETTINGS, sm_capacity_pct=108,
+                                            compute_history_file="/var/lib/colloc/ch"))
+    assert "sm_capacity_pct = 108" in on and "/var/lib/colloc/ch" in on
+    assert "compute-history --write" in on
