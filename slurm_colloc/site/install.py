@@ -717,7 +717,8 @@ def render_plan(
            f"# shard = {settings.shard_mib} MiB; estimator (cli_filter) = {settings.estimator}",
            f"# Slurm: {slurm_release or 'not checked'} (supported: {SUPPORTED_RANGE})",
            "", f"## slurm.conf ({slurm_conf}; the same file on every host), then "
-           "`scontrol reconfigure`", *site_slurm_conf(conf_dir, bin_dir), ""]
+           "`scontrol reconfigure`", BEGIN_MARK, *site_slurm_conf(conf_dir, bin_dir),
+           END_MARK, ""]
     out += ["## files `colloc admin install --apply` writes (run it on the controller)"]
     out += [f"{p}  # {what}" for p, what in planned_files(conf_dir, lib_dir)]
     built = header_release(Path(headers)) if headers else None
@@ -773,11 +774,42 @@ class UninstallPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def _colloc_line(line: str, ours: Sequence[str]) -> bool:
-    s = line.strip()
-    return bool(s) and not s.startswith("#") and (
-        s in ours or "colloc" in s.split("#")[0].lower()
-    )
+BEGIN_MARK = "# BEGIN slurm-colloc (colloc admin uninstall lists the lines up to END)"
+END_MARK = "# END slurm-colloc"
+"""The block the install plan prints around slurm.conf's lines: pasted with them, it
+tells ``colloc admin uninstall`` exactly which lines are colloc's."""
+
+
+def _is_node_script(line: str) -> bool:
+    """``Prolog=`` / ``Epilog=`` / ``TaskProlog=`` naming one of colloc's own scripts."""
+    key, _, value = line.partition("=")
+    name = NODE_SCRIPTS.get(key.strip())
+    return name is not None and Path(value.split("#")[0].strip()).name == name
+
+
+def colloc_conf_lines(text: str, ours: Sequence[str]) -> list[str]:
+    """slurm.conf's lines that are colloc's, by exact markers only (pure).
+
+    A line counts when it sits between :data:`BEGIN_MARK` and :data:`END_MARK`, is one
+    of the lines the install plan prints (``ours``, compared whole), or sets a node
+    script key to one of colloc's scripts by name. Never by a substring: a site whose
+    paths or cluster name contain "colloc" keeps every line of its own.
+    """
+    out: list[str] = []
+    inside = False
+    exact = {" ".join(ln.split()) for ln in ours}
+    for raw in text.splitlines():
+        s = raw.strip()
+        if s.startswith(BEGIN_MARK.split(" (")[0]):
+            inside = True
+        elif s.startswith(END_MARK):
+            inside = False
+        elif s.lower().startswith(SITE_WIDE_KEYS):
+            continue  # recommended by colloc, used by the site for more than colloc
+        elif s and not s.startswith("#") and (
+                inside or " ".join(s.split()) in exact or _is_node_script(s)):
+            out.append(s)
+    return out
 
 
 def plan_uninstall(conf_dir: Path, lib_dir: Path, bin_dir: Path | None = None,
@@ -791,10 +823,8 @@ def plan_uninstall(conf_dir: Path, lib_dir: Path, bin_dir: Path | None = None,
     ours = [ln for ln in site_slurm_conf(conf_dir, bin_dir)
             if not ln.startswith("#") and not ln.lower().startswith(SITE_WIDE_KEYS)]
     if slurm_conf.exists():
-        plan.slurm_conf_lines = [
-            ln.strip() for ln in slurm_conf.read_text(errors="replace").splitlines()
-            if _colloc_line(ln, ours)
-        ]
+        plan.slurm_conf_lines = colloc_conf_lines(slurm_conf.read_text(errors="replace"),
+                                                  ours)
     plugstack = conf_dir / "plugstack.conf"
     if plugstack in plan.foreign and plugstack_include(conf_dir) in plugstack.read_text(
         errors="replace"

@@ -294,3 +294,40 @@ def test_uninstall_removes_what_install_wrote(tmp_path: Path) -> None:
     assert sorted(plan.remove) == sorted(res.written) and plan.foreign == []
     assert sorted(site.uninstall(plan)) == sorted(res.written)
     assert _tree(tmp_path) == ["etc", "lib"]
+
+
+def test_uninstall_picks_lines_by_exact_markers_never_by_the_word_colloc(
+        tmp_path: Path) -> None:
+    """issue 26 item 5: on the devcluster the substring rule proposed removing ClusterName,
+    AuthInfo, StateSaveLocation, NodeName and PartitionName (all named 'colloc-...')."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    site_lines = [
+        "ClusterName=colloc-devcluster",
+        "AuthInfo=/var/lib/colloc-devcluster/munge/munge.socket.2,cred_expire=10",
+        "StateSaveLocation=/var/lib/colloc-devcluster/state",
+        "NodeName=colloc-n1 CPUs=8 Gres=gpu:4,shard:156 State=UNKNOWN",
+        "PartitionName=gpu Nodes=colloc-n1 Default=YES",
+        "Epilog=/etc/slurm/epilog.d/colloc-health.sh",  # the site's, not colloc's script
+        "SelectTypeParameters=CR_Core_Memory,LL_SHARED_GRES",
+    ]
+    ours = ["PlugStackConfig=/somewhere/else/plugstack.conf", "CliFilterPlugins=lua"]
+    (etc / "slurm.conf").write_text("\n".join(
+        [*site_lines[:3], site.BEGIN_MARK, *ours, "# a comment", site.END_MARK,
+         *site_lines[3:], "Prolog=/opt/x/bin/colloc-prolog", "JobSubmitPlugins=lua"]) + "\n")
+    plan = site.plan_uninstall(etc, tmp_path / "lib")
+    assert plan.slurm_conf_lines == [*ours, "Prolog=/opt/x/bin/colloc-prolog",
+                                     "JobSubmitPlugins=lua"]
+    assert not set(site_lines) & set(plan.slurm_conf_lines)
+
+
+def test_the_install_plan_wraps_slurm_conf_lines_in_the_uninstall_markers(
+        tmp_path: Path) -> None:
+    text = site.render_plan(tmp_path / "etc", tmp_path / "lib", S)
+    lines = text.splitlines()
+    b, e = lines.index(site.BEGIN_MARK), lines.index(site.END_MARK)
+    assert b < e and "JobSubmitPlugins=lua" in lines[b:e]
+    # pasted as printed, uninstall finds exactly the non-comment, colloc-only lines
+    found = site.colloc_conf_lines("\n".join(lines[b:e + 1]), [])
+    assert "JobSubmitPlugins=lua" in found and "PrologFlags=Alloc,Contain" in found
+    assert not any(ln.startswith(("SelectType", "GresTypes", "#")) for ln in found)
