@@ -35,3 +35,20 @@ def test_every_console_script_names_an_importable_callable() -> None:
     for name, target in scripts:
         module, func = target.strip().split(":")
         assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_the_license_the_metadata_names_ships_and_numpy_is_declared() -> None:
+    """issue 26 (packaging): Apache-2.0 named in setup.cfg with no LICENSE file, and numpy
+    imported by the estimators' fitting modules without being declared anywhere."""
+    import configparser
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg")
+    assert cfg["metadata"]["license"] == "Apache-2.0"
+    assert cfg["metadata"]["license_files"].strip() == "LICENSE"
+    assert "Apache License" in (root / "LICENSE").read_text()[:200]
+    assert (root / "CHANGELOG.md").is_file()
+    extras = cfg["options.extras_require"]
+    for extra in ("dev", "lab", "bench"):
+        assert "numpy" in extras[extra], extra
