@@ -529,13 +529,16 @@ def _logging(cfg: CollocConfig, worker: bool) -> None:
     err.setFormatter(fmt)
     root.addHandler(err)
     if cfg.log_file and not worker:
-        try:
-            fh = logging.FileHandler(cfg.log_file)
-        except OSError as e:
-            log.warning("log file %s: %s", cfg.log_file, e)
+        from slurm_colloc.log_handlers import file_handler, syslog_handler
+
+        fh = file_handler(cfg.log_file, fmt)
+        if fh is None:
+            log.warning("log file %s cannot be opened", cfg.log_file)
         else:
-            fh.setFormatter(fmt)
             root.addHandler(fh)
+        sl = syslog_handler()
+        if sl is not None:
+            root.addHandler(sl)
 
 
 def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None) -> int:

@@ -1,7 +1,8 @@
 """Logging for node scripts: one prefix per component with the job id.
 
 ``colloc: epilog: job 1234: requeued on a whole GPU (gpu-oom, torch-oom-new)``.
-Goes to ``CollocConfig.log_file`` and, for Slurm's own log, to stderr.
+Goes to ``CollocConfig.log_file`` (reopened after rotation), to syslog where the host
+has ``/dev/log`` (:mod:`slurm_colloc.log_handlers`) and, for Slurm's own log, to stderr.
 
 **One record, one line** (issue 23). Root logs text the user chose: output and
 error paths, job names, comments, the matched line of a log. A newline in
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 from slurm_colloc.log_escape import EscapingFormatter, escape_controls
+from slurm_colloc.log_handlers import file_handler, syslog_handler
 
 __all__ = ["EscapingFormatter", "JobAdapter", "escape_controls", "node_logger"]
 
@@ -42,11 +43,12 @@ def node_logger(component: str, job_id: object, log_file: str | None) -> JobAdap
         logger.propagate = False
     has_file = any(isinstance(h, logging.FileHandler) for h in logger.handlers)
     if log_file and not has_file:
-        try:
-            Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-            fh = logging.FileHandler(log_file)
-            fh.setFormatter(fmt)
+        fh = file_handler(log_file, fmt)
+        if fh is None:
+            logger.warning("cannot open log file %s", log_file)
+        else:
             logger.addHandler(fh)
-        except OSError as e:
-            logger.warning("cannot open log file %s: %s", log_file, e)
+            sl = syslog_handler()
+            if sl is not None:
+                logger.addHandler(sl)
     return JobAdapter(logger, {"component": component, "job_id": job_id})
