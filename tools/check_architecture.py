@@ -25,7 +25,7 @@ PKG = ROOT / "slurm_colloc"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"units", "procfs", "config", "__version__", "__init__", "detach", "safe_tree",
-               "owner_read", "log_escape"}),
+               "owner_read", "log_escape", "log_handlers"}),
     frozenset({"slurm", "gpu", "oom", "mps"}),
     frozenset({"accounting"}),
     frozenset({"metrics"}),
