@@ -7,8 +7,8 @@ promised syslog that nothing wrote. :func:`file_handler` reopens the file when i
 been moved or removed (``WatchedFileHandler``), so a site's ``logrotate`` with or
 without ``copytruncate`` works (docs/admin.md has the snippet); :func:`syslog_handler`
 sends the same escaped lines to the local syslog socket (journald reads it), where
-there is one. Neither ever raises: a log that cannot be opened is not a reason to
-fail a prolog.
+there is one. A log that cannot be opened is never a reason to fail a prolog: the
+callers log why and go on.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ SYSLOG_SOCKET = "/dev/log"
 SYSLOG_IDENT = "colloc: "
 
 
-def file_handler(path: str, fmt: logging.Formatter) -> logging.Handler | None:
-    """A rotation-safe handler for ``path`` (its directory created); None if unusable."""
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        h = logging.handlers.WatchedFileHandler(path)
-    except OSError:
-        return None
+def file_handler(path: str, fmt: logging.Formatter) -> logging.Handler:
+    """A rotation-safe handler for ``path``, its directory created.
+
+    Raises :class:`OSError` when the file cannot be opened: the caller logs why.
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    h = logging.handlers.WatchedFileHandler(path)
     h.setFormatter(fmt)
     return h
 

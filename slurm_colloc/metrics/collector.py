@@ -531,11 +531,10 @@ def _logging(cfg: CollocConfig, worker: bool) -> None:
     if cfg.log_file and not worker:
         from slurm_colloc.log_handlers import file_handler, syslog_handler
 
-        fh = file_handler(cfg.log_file, fmt)
-        if fh is None:
-            log.warning("log file %s cannot be opened", cfg.log_file)
-        else:
-            root.addHandler(fh)
+        try:
+            root.addHandler(file_handler(cfg.log_file, fmt))
+        except OSError as e:
+            log.warning("log file %s: %s", cfg.log_file, e)
         sl = syslog_handler()
         if sl is not None:
             root.addHandler(sl)

@@ -15,6 +15,7 @@ after its arguments are filled in (the collector uses the same formatter).
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import sys
 
 from slurm_colloc.log_escape import EscapingFormatter, escape_controls
@@ -43,12 +44,12 @@ def node_logger(component: str, job_id: object, log_file: str | None) -> JobAdap
         logger.propagate = False
     has_file = any(isinstance(h, logging.FileHandler) for h in logger.handlers)
     if log_file and not has_file:
-        fh = file_handler(log_file, fmt)
-        if fh is None:
-            logger.warning("cannot open log file %s", log_file)
-        else:
-            logger.addHandler(fh)
-            sl = syslog_handler()
-            if sl is not None:
-                logger.addHandler(sl)
+        try:
+            logger.addHandler(file_handler(log_file, fmt))
+        except OSError as e:
+            logger.warning("cannot open log file %s: %s", log_file, e)
+    if not any(isinstance(h, logging.handlers.SysLogHandler) for h in logger.handlers):
+        sl = syslog_handler()
+        if sl is not None:
+            logger.addHandler(sl)
     return JobAdapter(logger, {"component": component, "job_id": job_id})

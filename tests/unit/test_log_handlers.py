@@ -7,6 +7,8 @@ import logging.handlers
 import socket
 from pathlib import Path
 
+import pytest
+
 from slurm_colloc.log_escape import EscapingFormatter
 from slurm_colloc.log_handlers import file_handler, syslog_handler
 from slurm_colloc.node.logging_setup import node_logger
@@ -15,7 +17,6 @@ from slurm_colloc.node.logging_setup import node_logger
 def test_a_rotated_log_file_is_reopened_not_written_into_the_old_inode(tmp_path: Path) -> None:
     path = tmp_path / "log" / "colloc.log"
     h = file_handler(str(path), EscapingFormatter("%(message)s"))
-    assert h is not None
     log = logging.getLogger("test.rotate")
     log.propagate, log.level = False, logging.INFO
     log.addHandler(h)
@@ -32,7 +33,8 @@ def test_a_rotated_log_file_is_reopened_not_written_into_the_old_inode(tmp_path:
 
 def test_an_unusable_log_path_gives_no_handler(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
-    assert file_handler(str(tmp_path / "f" / "x.log"), logging.Formatter()) is None
+    with pytest.raises(OSError):
+        file_handler(str(tmp_path / "f" / "x.log"), logging.Formatter())
     assert syslog_handler(str(tmp_path / "no-socket")) is None
     assert syslog_handler(str(tmp_path / "f")) is None  # a file, not a socket
 
