@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_colloc.accounting.codec import try_decode
-from slurm_colloc.accounting.history import _fingerprint, attempt_peak
+from slurm_colloc.accounting.history import attempt_peak, valid_fingerprint
 from slurm_colloc.accounting.record import Attempt
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def measurements(
         if uid is None or rec is None:
             continue
         for a in rec.attempts:
-            fp = _fingerprint(a.estimate.fingerprint) if a.estimate else None
+            fp = valid_fingerprint(a.estimate.fingerprint) if a.estimate else None
             sm = attempt_sm_pct(a)
             if fp is not None and sm is not None:
                 out.setdefault((uid, fp), []).append(Measured(int(jid), sm))
@@ -130,7 +130,7 @@ def parse(text: str) -> dict[Key, int]:
         parts = line.split(" ")
         if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
             continue
-        fp = _fingerprint(parts[1])
+        fp = valid_fingerprint(parts[1])
         sm = int(parts[2])
         if fp is not None and fp == parts[1] and 1 <= sm <= 100:
             out[(int(parts[0]), fp)] = sm

@@ -52,7 +52,8 @@ def _warn_stderr(message: str) -> None:
     sys.stderr.write(f"colloc estimate: warning: {message}\n")
 
 
-def _fingerprint(v: str | None) -> str | None:
+def valid_fingerprint(v: str | None) -> str | None:
+    """``v`` lowercased when it is 1-64 hex digits, else None (a user-given key)."""
     if not v:
         return None
     fp = v.lower()
@@ -66,7 +67,7 @@ def attempt_key(a: Attempt) -> Key | None:
     e = a.estimate
     if e is None:
         return None
-    fp = _fingerprint(e.fingerprint)
+    fp = valid_fingerprint(e.fingerprint)
     b = e.batch_size
     if fp is None or isinstance(b, bool) or not isinstance(b, int) or not 0 < b < 1 << 31:
         return None
