@@ -50,7 +50,7 @@ demo-here: venv
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy slurm_colloc estimators prolog epilog
+	$(BIN)/mypy slurm_colloc prolog epilog
 	$(BIN)/python tools/check_architecture.py
 
 unit: venv

@@ -46,28 +46,28 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
-from estimators import (  # noqa: E402
+from slurm_colloc.estimators import (  # noqa: E402
     attention_fit,
     estimate,
     layer_aware,
     parse_summary,
     read_summary_file,
 )
-from estimators.base import Job  # noqa: E402
-from estimators.calibration import Row, fit, fit_quantile, hides_blocks  # noqa: E402
-from estimators.features import compute  # noqa: E402
-from estimators.history_scaling import scale_history  # noqa: E402
-from estimators.horus import HorusEstimator  # noqa: E402
-from estimators.layer_aware import (  # noqa: E402
+from slurm_colloc.estimators.base import Job  # noqa: E402
+from slurm_colloc.estimators.calibration import Row, fit, fit_quantile, hides_blocks  # noqa: E402
+from slurm_colloc.estimators.features import compute  # noqa: E402
+from slurm_colloc.estimators.history_scaling import scale_history  # noqa: E402
+from slurm_colloc.estimators.horus import HorusEstimator  # noqa: E402
+from slurm_colloc.estimators.layer_aware import (  # noqa: E402
     CALIBRATION_FILE,
     PRIOR,
     LayerAwareEstimator,
     load_calibration,
 )
-from estimators.model import Layer, ModelSummary  # noqa: E402
-from estimators.recognition import recognise  # noqa: E402
+from slurm_colloc.estimators.model import Layer, ModelSummary  # noqa: E402
+from slurm_colloc.estimators.recognition import recognise  # noqa: E402
 
-CORPUS = REPO / "estimators" / "data" / "corpus"
+CORPUS = REPO / "slurm_colloc" / "estimators" / "data" / "corpus"
 
 DATA = REPO.parent / "shared" / "data" / "gpu-memory"
 SUMMARIES = REPO / "benchmarks" / "summaries" / "timm_torchinfo.jsonl.xz"
@@ -281,9 +281,9 @@ def learned_gbm(cases: list[Case], alpha: float = 0.96) -> Callable[[Case], floa
         return None
     import numpy as np
 
-    from estimators.features import MARGIN_BUCKETS, margin_bucket
-    from estimators.layer_aware import base_breakdown
-    from estimators.layers import CATEGORIES
+    from slurm_colloc.estimators.features import MARGIN_BUCKETS, margin_bucket
+    from slurm_colloc.estimators.layer_aware import base_breakdown
+    from slurm_colloc.estimators.layers import CATEGORIES
 
     cal = load_calibration()
 
@@ -317,7 +317,7 @@ def learned_gbm(cases: list[Case], alpha: float = 0.96) -> Callable[[Case], floa
 def history_table(cases: list[Case]) -> str:
     """Estimates from measured peaks of the same model at other batch sizes, as
     ``colloc estimate`` makes them once the history holds earlier runs
-    (:mod:`estimators.history_scaling`), on the timm runs: for every run, the history
+    (:mod:`slurm_colloc.estimators.history_scaling`), on the timm runs: for every run, the history
     is (a) each one other batch size of the same model, (b) each pair of other batch
     sizes, (c) all its other batch sizes."""
     import itertools
@@ -431,7 +431,7 @@ def underestimate_report(cases: list[Case]) -> str:
 
 
 def calibrate(cases: list[Case]) -> None:
-    """Fit on the calibration split and write ``estimators/data/calibration.json``."""
+    """Fit on the calibration split and write ``slurm_colloc/estimators/data/calibration.json``."""
     rows = _rows(cases)
     cal = fit(rows)
     doc = cal.to_dict()
@@ -561,7 +561,8 @@ def main() -> int:
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--calibrate-attention", action="store_true",
                     help="refit only the transformer constants (attention section) from "
-                         "estimators/data/attention_measurements.csv, then --transformers-only")
+                         "slurm_colloc/estimators/data/attention_measurements.csv, then "
+                         "--transformers-only")
     ap.add_argument("--transformers-only", action="store_true",
                     help="only the transformer section and recognition coverage (no "
                          "measured data needed)")

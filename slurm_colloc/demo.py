@@ -241,7 +241,7 @@ def _final_reports(console: Console, cluster: Cluster, cfg: cfgmod.CollocConfig,
 
 def _history_scene(console: Console, cfg: cfgmod.CollocConfig) -> None:
     """Scene 4: the next submissions of the same model are sized from its measured peak."""
-    from estimators import SqliteHistory, estimate
+    from slurm_colloc.estimators import SqliteHistory, estimate
 
     job = MIX[0]
     summary = (SUMMARIES / "resnet50_torchinfo.txt").read_text()

@@ -5,10 +5,10 @@ AdminComment (:mod:`slurm_colloc.accounting.codec`); slurmdbd keeps it. The reco
 estimate carries the history key (model fingerprint, batch size, sequence length,
 optimizer, precision) and its metrics the measured peak, so ``colloc estimate`` on any
 login host can rebuild the user's history with one ``sacct`` call:
-:class:`AccountingHistory` is an :class:`estimators.history.HistoryStore` over the
+:class:`AccountingHistory` is an :class:`slurm_colloc.estimators.history.HistoryStore` over the
 calling user's completed jobs of the last ``history_days`` days.
 
-Trust (``estimators/history.py``, "trust policy"): AdminComment is admin-only in
+Trust (``slurm_colloc/estimators/history.py``, "trust policy"): AdminComment is admin-only in
 Slurm, so users cannot forge a record, but the key inside comes from the job's own
 ``--colloc-*`` options. History is therefore per user: a job counts only when Slurm
 reports it as the caller's (the caller's uid, as a user name, compared with sacct's
@@ -129,7 +129,7 @@ def user_records(rows: Iterable[AccountingRecord], user: str,
 
 
 class AccountingHistory:
-    """A :class:`~estimators.history.HistoryStore` over one user's completed jobs in
+    """A :class:`~slurm_colloc.estimators.history.HistoryStore` over one user's completed jobs in
     Slurm's accounting (see the module docstring). Asks slurmdbd once, on the first
     lookup; :meth:`record` is not supported (the epilog writes the accounting)."""
 

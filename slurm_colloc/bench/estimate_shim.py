@@ -16,10 +16,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """``estimate --summary FILE --batch-size N [--seq-len L] [...] --json``."""
-    from estimators import registry
-    from estimators.base import Job
-    from estimators.errors import EstimatorInputError
-    from estimators.parsers import read_summary_file
+    from slurm_colloc.estimators import registry
+    from slurm_colloc.estimators.base import Job
+    from slurm_colloc.estimators.errors import EstimatorInputError
+    from slurm_colloc.estimators.parsers import read_summary_file
 
     p = argparse.ArgumentParser(prog="colloc-estimate-shim")
     p.add_argument("command", choices=["estimate"])

@@ -49,7 +49,7 @@ def held_out(model: str) -> bool:
     """True for models outside the estimator's calibration split.
 
     The same deterministic split as ``benchmarks/estimator_accuracy.py`` (``held_out``:
-    sha256 of the model name, 30 % held out, never fitted; ``estimators/data/
+    sha256 of the model name, 30 % held out, never fitted; ``slurm_colloc/estimators/data/
     calibration.json`` ``fitted_on.split``).
     """
     h = int(hashlib.sha256(model.encode()).hexdigest()[:8], 16)

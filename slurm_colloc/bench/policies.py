@@ -76,9 +76,9 @@ def _colloc_margin_once(job: TraceJob, summary: Path | None, shard_mib: int) -> 
     """
     if summary is None:
         return [f"--colloc-mem={job.guess_mib}M"]
-    from estimators import registry
-    from estimators.base import Job
-    from estimators.parsers import read_summary_file
+    from slurm_colloc.estimators import registry
+    from slurm_colloc.estimators.base import Job
+    from slurm_colloc.estimators.parsers import read_summary_file
 
     est = registry.get(registry.DEFAULT).estimate(
         read_summary_file(summary), Job(batch_size=job.batch_size))

@@ -121,7 +121,7 @@ def warm_compute_history(trace: Trace, summaries: dict[str, str],
     :func:`~slurm_colloc.accounting.compute_history.expected_sm` keeps it. Jobs
     without a summary (``--colloc-mem``) have no fingerprint and get the prior.
     """
-    from estimators import parse_summary
+    from slurm_colloc.estimators import parse_summary
 
     fps: dict[str, str] = {}
     out: dict[tuple[int, str], int] = {}

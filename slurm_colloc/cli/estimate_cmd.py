@@ -16,7 +16,7 @@ Contract (the cli_filter and sbatch templates depend on it):
 
 History (measured peaks of earlier runs) is read for the calling user only: the
 cli_filter runs this as the submitting user, so ``os.getuid()`` is whose jobs count
-(security issue 11, H3; policy in ``estimators/history.py``). The fingerprint is
+(security issue 11, H3; policy in ``slurm_colloc/estimators/history.py``). The fingerprint is
 computed here from the summary file's contents, never taken from the environment or
 an argument. ``history_source`` (config) picks the store: ``accounting`` (default)
 asks slurmdbd for the user's completed jobs of the last ``history_days`` days and
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import click
 
-from estimators.physics import OPTIMIZERS, PRECISIONS
+from slurm_colloc.estimators.physics import OPTIMIZERS, PRECISIONS
 
 
 def _fail(message: str) -> None:
@@ -69,9 +69,14 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
              precision: str, attention: str | None, estimator_name: str | None,
              model_factory: str | None, no_history: bool, as_json: bool) -> None:
     """Estimate the peak GPU memory (MiB, as nvidia-smi shows it) of a training job."""
-    from estimators import EstimatorInputError, HistoryStore, SqliteHistory, read_summary_file
-    from estimators import estimate as run_estimate
     from slurm_colloc.config import ConfigError, load
+    from slurm_colloc.estimators import (
+        EstimatorInputError,
+        HistoryStore,
+        SqliteHistory,
+        read_summary_file,
+    )
+    from slurm_colloc.estimators import estimate as run_estimate
 
     try:
         cfg = load()

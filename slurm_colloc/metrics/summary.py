@@ -7,12 +7,12 @@ reads the attempt's node-local series and returns the
 node-local file), plus the ids of the jobs that shared a GPU with it.
 
 :func:`record_history` files a successful attempt's measured peak in the estimator's
-history (``estimators.history.SqliteHistory`` at ``history_db``), keyed by the job
+history (``slurm_colloc.estimators.history.SqliteHistory`` at ``history_db``), keyed by the job
 owner's uid, the model fingerprint and the estimator inputs the prolog stored, so the
 owner's next ``sbatch --colloc`` of the same model and job is estimated from
 measurement. The uid is the prolog's (slurmd's ``SLURM_JOB_UID``), never user text:
 the fingerprint is user-controlled, so a peak only ever counts for its owner
-(security issue 11, H3; policy in ``estimators/history.py``).
+(security issue 11, H3; policy in ``slurm_colloc/estimators/history.py``).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def record_history(
         return "not recorded: no job owner uid"
     if uid is not None and uid != meta.uid:
         return f"not recorded: job owner uid {uid} differs from the prolog's {meta.uid}"
-    from estimators.history import HistoryUnsafe, SqliteHistory
+    from slurm_colloc.estimators.history import HistoryUnsafe, SqliteHistory
 
     fp = meta.fingerprint.lower()
     if len(fp) > 64 or any(c not in "0123456789abcdef" for c in fp):

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from estimators import estimate, parse_summary
 from slurm_colloc.accounting import (
     Attempt,
     Estimate,
@@ -24,6 +23,7 @@ from slurm_colloc.accounting import (
 )
 from slurm_colloc.accounting.history import AccountingHistory, user_records
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.estimators import estimate, parse_summary
 from slurm_colloc.metrics import store
 from slurm_colloc.node.attempt_record import build_attempt
 from slurm_colloc.node.job import context_from_record

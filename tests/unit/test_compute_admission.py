@@ -255,9 +255,9 @@ def test_admin_command_builds_the_table_from_every_users_jobs(
 
 
 def test_the_replays_warm_history_keys_on_the_users_uid_and_the_summarys_fingerprint() -> None:
-    from estimators import parse_summary
     from slurm_colloc.bench.replayer import warm_compute_history
     from slurm_colloc.bench.trace import Trace, TraceJob
+    from slurm_colloc.estimators import parse_summary
 
     text = (Path(__file__).parent / "data" / "summaries" / "resnet50_torchinfo.txt").read_text()
     fp = parse_summary(text).fingerprint()

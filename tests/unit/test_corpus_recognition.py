@@ -1,6 +1,6 @@
 """Architecture recognition on the corpus of real-format summaries
-(``estimators/data/corpus``: print(model), torchinfo, Keras and Flax tables of Hugging
-Face and research models, made by ``estimators/data/make_attention_data.py corpus``
+(``slurm_colloc/estimators/data/corpus``: print(model), torchinfo, Keras and Flax tables of Hugging
+Face and research models, made by ``slurm_colloc/estimators/data/make_attention_data.py corpus``
 from the models' configurations, or written in the tools' formats)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from estimators import estimate, parse_summary, read_summary_file
-from estimators.layers import category
-from estimators.recognition import recognise
+from slurm_colloc.estimators import estimate, parse_summary, read_summary_file
+from slurm_colloc.estimators.layers import category
+from slurm_colloc.estimators.recognition import recognise
 
-CORPUS = Path(__file__).resolve().parents[2] / "estimators" / "data" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "slurm_colloc" / "estimators" / "data" / "corpus"
 FILES = sorted(p for p in CORPUS.iterdir() if p.suffix == ".txt")
 NOT_TRANSFORMERS = ("flax_cnn", "resnet", "keras3_resnet", "vgg")
 TRANSFORMERS = [p for p in FILES if not p.name.startswith(NOT_TRANSFORMERS)]
@@ -127,7 +127,7 @@ def test_unknown_model_gets_the_most_conservative_margin() -> None:
     arch = e.uncertainty["architecture"]
     assert isinstance(arch, dict) and arch["recognised"] is False
     assert any("not recognised" in n for n in e.notes)
-    from estimators.layer_aware import load_calibration
+    from slurm_colloc.estimators.layer_aware import load_calibration
     cal = load_calibration()
     rel, _ = cal.conservative_margin()
     assert rel >= max(cal.margin_rel_by_bucket.values())
@@ -162,7 +162,7 @@ def test_rich_styled_flax_table_parses() -> None:
 
 
 def test_keras_table_cut_by_the_console_is_refused_clearly() -> None:
-    from estimators import SummaryParseError
+    from slurm_colloc.estimators import SummaryParseError
 
     text = "\n".join(ln[:80] for ln in
                      (CORPUS / "keras3_resnet50.summary.txt").read_text().splitlines())

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from slurm_colloc.cli.estimate_cmd import estimate
 
-CORPUS = Path(__file__).resolve().parents[2] / "estimators" / "data" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "slurm_colloc" / "estimators" / "data" / "corpus"
 SAMPLES = Path(__file__).resolve().parents[2] / "sbatch_templates" / "summaries"
 
 

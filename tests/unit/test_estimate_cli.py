@@ -99,7 +99,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, setup: str | None, args
 
 
 def test_history_hook_through_cli(tmp_path: Path) -> None:
-    from estimators import SqliteHistory, read_summary_file
+    from slurm_colloc.estimators import SqliteHistory, read_summary_file
 
     fp = read_summary_file(DATA / "keras2_cnn.txt").fingerprint()
     SqliteHistory(tmp_path / "history.sqlite").record(fp, 8, None, "adam", "fp32", 1234)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from estimators import (
+from slurm_colloc.estimators import (
     EstimatorInputError,
     SqliteHistory,
     estimate,
@@ -16,8 +16,8 @@ from estimators import (
     parse_summary,
     read_summary_file,
 )
-from estimators.layer_aware import PRIOR, LayerAwareEstimator, load_calibration
-from estimators.physics import SegmentPacker, round_request
+from slurm_colloc.estimators.layer_aware import PRIOR, LayerAwareEstimator, load_calibration
+from slurm_colloc.estimators.physics import SegmentPacker, round_request
 
 DATA = Path(__file__).parent / "data" / "summaries"
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ def test_prior_calibration_used_without_file(tmp_path: Path, resnet50: str) -> N
     cal = load_calibration(tmp_path / "none.json")
     assert cal is PRIOR
     e = LayerAwareEstimator(cal).estimate(parse_summary(resnet50),
-                                          __import__("estimators").Job(batch_size=4))
+                                          __import__("slurm_colloc.estimators", fromlist=["Job"]).Job(batch_size=4))
     assert any("uncalibrated" in n for n in e.notes)
 
 
@@ -155,7 +155,7 @@ def test_allocator_rounding() -> None:
 
 
 def test_default_path_imports_no_torch_or_pandas() -> None:
-    code = ("import sys; from estimators import estimate; "
+    code = ("import sys; from slurm_colloc.estimators import estimate; "
             f"estimate(open({str(DATA / 'resnet50_torchinfo.txt')!r}).read(), batch_size=8); "
             "bad = [m for m in ('torch', 'pandas', 'numpy') if m in sys.modules]; "
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
@@ -185,7 +185,7 @@ def test_tracing_estimator_with_torch(tmp_path: Path, resnet50: str,
 
 
 def test_traced_peak_reads_the_total_not_the_sum() -> None:
-    from estimators.tracing import traced_peak_bytes
+    from slurm_colloc.estimators.tracing import traced_peak_bytes
 
     snap = {"cpu": {"Parameter": 100, "Gradient": 100, "Activation": 300, "Total": 500},
             "cuda:0": {"Parameter": 10, "Total": 10}}
@@ -199,7 +199,7 @@ def test_margin_is_per_architecture_bucket(resnet50: str) -> None:
     CNN the CNN one, and the calibration file round-trips the per-bucket values."""
     import json
 
-    from estimators.layer_aware import Calibration
+    from slurm_colloc.estimators.layer_aware import Calibration
 
     cal = load_calibration()
     assert {"cnn", "mlp"} <= set(cal.margin_rel_by_bucket)

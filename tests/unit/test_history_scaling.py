@@ -1,4 +1,4 @@
-"""Measured peaks at other batch sizes -> a peak at this one (estimators.history_scaling)."""
+"""Measured peaks at other batch sizes -> a peak at this one (slurm_colloc.estimators.history_scaling)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from estimators import SqliteHistory, estimate, parse_summary
-from estimators.history_scaling import FIT_MARGIN, HISTORY_MARGIN, scale_history
+from slurm_colloc.estimators import SqliteHistory, estimate, parse_summary
+from slurm_colloc.estimators.history_scaling import FIT_MARGIN, HISTORY_MARGIN, scale_history
 
 DATA = Path(__file__).parent / "data" / "summaries"
 

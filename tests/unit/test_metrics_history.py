@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from estimators import SqliteHistory, estimate, parse_summary
 from slurm_colloc.accounting.record import MetricsSummary
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.estimators import SqliteHistory, estimate, parse_summary
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import record_history
 from slurm_colloc.node.job import context_from_record

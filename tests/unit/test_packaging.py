@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_python_folder_is_a_package() -> None:
     missing = [
         str(d.relative_to(ROOT))
-        for top in ("slurm_colloc", "estimators")
+        for top in ("slurm_colloc",)
         for d in [ROOT / top, *(p for p in (ROOT / top).rglob("*") if p.is_dir())]
         if "__pycache__" not in d.parts and any(d.glob("*.py"))
         and not (d / "__init__.py").exists()

@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from estimators import EstimatorInputError, SummaryParseError, parse_summary, read_summary_file
-from estimators.parsers import MAX_SUMMARY_BYTES
+from slurm_colloc.estimators import (
+    EstimatorInputError,
+    SummaryParseError,
+    parse_summary,
+    read_summary_file,
+)
+from slurm_colloc.estimators.parsers import MAX_SUMMARY_BYTES
 
 DATA = Path(__file__).parent / "data" / "summaries"
 

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estimators import EstimatorInputError, ModelSummary, parse_summary
+from slurm_colloc.estimators import EstimatorInputError, ModelSummary, parse_summary
 
 TYPES = ["Conv2d", "Linear", "BatchNorm2d", "ReLU", "GELU", "Dropout", "MaxPool2d", "LayerNorm"]
 
@@ -144,8 +144,8 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-from estimators import SummaryParseError  # noqa: E402
-from estimators.parsers import FORMATS, pytorch_print  # noqa: E402
+from slurm_colloc.estimators import SummaryParseError  # noqa: E402
+from slurm_colloc.estimators.parsers import FORMATS, pytorch_print  # noqa: E402
 
 MIB = 1 << 20
 SLOW_S = 2.0
@@ -341,7 +341,7 @@ OLD_KERAS_NAME = re.compile(r"^(?P<name>\S+)\s*\((?P<type>[^)]*)\)?\s*$")
 def test_low_keras_name_scan_matches_the_old_regex(cell: str) -> None:
     """Security issue 11 (Low, ReDoS): the keras ``name (Type)`` cell is read by one
     linear scan that reads exactly what the old backtracking regex read."""
-    from estimators.parsers import keras
+    from slurm_colloc.estimators.parsers import keras
 
     m = OLD_KERAS_NAME.match(cell)
     got = keras.name_type(cell)

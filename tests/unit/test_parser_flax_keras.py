@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from estimators import SummaryParseError, estimate, parse_summary, read_summary_file
-from estimators.recognition import recognise
+from slurm_colloc.estimators import SummaryParseError, estimate, parse_summary, read_summary_file
+from slurm_colloc.estimators.recognition import recognise
 
-CORPUS = Path(__file__).resolve().parents[2] / "estimators" / "data" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "slurm_colloc" / "estimators" / "data" / "corpus"
 
 FLAX_BN = """\
                                    ResNetBlock Summary

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from estimators import EstimatorInputError, ModelSummary, estimate, parse_summary
-from estimators.parsers import ALL_FORMATS, read_summary_file
+from slurm_colloc.estimators import EstimatorInputError, ModelSummary, estimate, parse_summary
+from slurm_colloc.estimators.parsers import ALL_FORMATS, read_summary_file
 
 TIME_BOUND_S = 1.0
 """Per fuzzed input (each is at most a few kB; real parses take milliseconds)."""

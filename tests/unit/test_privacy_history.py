@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from estimators import SqliteHistory
+from slurm_colloc.estimators import SqliteHistory
 from slurm_colloc.node.as_user import AsUserError, Credentials, run_as_user
 
 FP = "ab" * 16

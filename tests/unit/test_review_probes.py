@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from estimators import (
+from slurm_colloc.estimators import (
     Estimate,
     EstimatorInputError,
     SummaryParseError,
@@ -17,9 +17,9 @@ from estimators import (
     parse_summary,
     read_summary_file,
 )
-from estimators.features import compute
-from estimators.history_scaling import scale_history
-from estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.features import compute
+from slurm_colloc.estimators.history_scaling import scale_history
+from slurm_colloc.estimators.model import Layer, ModelSummary
 
 DATA = Path(__file__).parent / "data" / "summaries"
 ROB = DATA / "robustness"

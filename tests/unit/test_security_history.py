@@ -7,7 +7,7 @@ epilog from the job's record, and every part of that record is the user's to cho
 700 MiB job cut someone else's bert-base batch-32 estimate from 12,266 MiB to 735 MiB
 (their jobs then OOM on a shared GPU), and a huge fake peak would push them onto whole
 GPUs forever. History is now per user (the uid slurmd gave the prolog), and another
-user's measurements are ignored (policy in ``estimators/history.py``).
+user's measurements are ignored (policy in ``slurm_colloc/estimators/history.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from estimators import SqliteHistory, estimate, parse_summary, read_summary_file
-from estimators.history import HistoryUnsafe
 from slurm_colloc.accounting.record import MetricsSummary
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.estimators import SqliteHistory, estimate, parse_summary, read_summary_file
+from slurm_colloc.estimators.history import HistoryUnsafe
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import record_history
 from slurm_colloc.node.job import context_from_record

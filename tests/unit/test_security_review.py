@@ -349,7 +349,7 @@ def test_probe_a_reader_holding_the_history_db_blocks_every_users_record(
     readers need the -shm/-wal files, root-created 0644) or publish a read-only copy
     (root writes a private db and atomically renames a snapshot users read).
     """
-    from estimators.history import SqliteHistory
+    from slurm_colloc.estimators.history import SqliteHistory
 
     db = tmp_path / "hist" / "history.sqlite"
     h = SqliteHistory(db, uid=1000)

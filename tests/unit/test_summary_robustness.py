@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from estimators import EstimatorInputError, SummaryParseError, estimate, parse_summary
+from slurm_colloc.estimators import EstimatorInputError, SummaryParseError, estimate, parse_summary
 
 DATA = Path(__file__).parent / "data" / "summaries" / "robustness"
 MANIFEST: dict[str, dict[str, object]] = json.loads((DATA / "MANIFEST.json").read_text())

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-from estimators.base import Estimate, Job
-from estimators.features import seq_scale
-from estimators.model import ModelSummary
-from estimators.physics import MIB
+from slurm_colloc.estimators.base import Estimate, Job
+from slurm_colloc.estimators.features import seq_scale
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.physics import MIB
 
 
 class HorusEstimator:

@@ -40,7 +40,8 @@ FIT_MARGIN = 0.10
 
 @dataclass(frozen=True)
 class Scaled:
-    """A history-based answer before it becomes an :class:`~estimators.base.Estimate`."""
+    """A history-based answer before it becomes an
+    :class:`~slurm_colloc.estimators.base.Estimate`."""
 
     method: str
     """``exact``, ``fit`` or ``anchored``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from estimators.layers import (
+from slurm_colloc.estimators.layers import (
     CATEGORIES,
     category,
     has_token_scores,
@@ -17,8 +17,13 @@ from estimators.layers import (
     is_primitive,
     leaf_category,
 )
-from estimators.model import Layer, ModelSummary
-from estimators.physics import MIB, SegmentPacker, activation_bytes_per_elem, param_bytes
+from slurm_colloc.estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.physics import (
+    MIB,
+    SegmentPacker,
+    activation_bytes_per_elem,
+    param_bytes,
+)
 
 DEFAULT_SEQ_LEN = 512
 """Sequence length assumed for a shape-less summary (``print(model)``) with no

@@ -33,14 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
-from estimators.attention import PRIOR as PHYSICS
-from estimators.attention import attention_memory, encoder_tokens, head_mib, resolve_impl
-from estimators.calibration import _nnls_ridge
-from estimators.features import compute
-from estimators.model import ModelSummary
-from estimators.parsers import parse_summary
-from estimators.physics import MIB
-from estimators.recognition import recognise
+from slurm_colloc.estimators.attention import PRIOR as PHYSICS
+from slurm_colloc.estimators.attention import (
+    attention_memory,
+    encoder_tokens,
+    head_mib,
+    resolve_impl,
+)
+from slurm_colloc.estimators.calibration import _nnls_ridge
+from slurm_colloc.estimators.features import compute
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.parsers import parse_summary
+from slurm_colloc.estimators.physics import MIB
+from slurm_colloc.estimators.recognition import recognise
 
 DATA = Path(__file__).resolve().parent / "data"
 CSV_PATH = DATA / "attention_measurements.csv"

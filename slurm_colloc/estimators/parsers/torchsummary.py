@@ -2,7 +2,7 @@
 
 Rows are ``Conv2d-1   [-1, 64, 112, 112]   9,408`` in forward-hook order (a container's
 row comes after its children's). There is no depth column, so containers are told
-apart by type name (see :mod:`estimators.layers`); its "MB" is 2^20 bytes. The batch
+apart by type name (see :mod:`slurm_colloc.estimators.layers`); its "MB" is 2^20 bytes. The batch
 column is ``-1`` unless an explicit ``batch_size`` was passed.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from estimators.errors import SummaryParseError
-from estimators.layers import is_container_type
-from estimators.model import Layer, ModelSummary
-from estimators.parsers._common import (
+from slurm_colloc.estimators.errors import SummaryParseError
+from slurm_colloc.estimators.layers import is_container_type
+from slurm_colloc.estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.parsers._common import (
     footer_count,
     parse_count,
     parse_shapes,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from estimators.errors import EstimatorInputError
-from estimators.model import ModelSummary
-from estimators.physics import OPTIMIZERS, PRECISIONS
+from slurm_colloc.estimators.errors import EstimatorInputError
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.physics import OPTIMIZERS, PRECISIONS
 
 ATTENTION_IMPLS = ("eager", "sdpa", "flash")
 MAX_BATCH_SIZE = 1 << 20

@@ -3,7 +3,7 @@
 The epilog (root) calls :meth:`SqliteHistory.record` after a successful job, through
 ``slurm_colloc.metrics.summary.record_history``; ``colloc estimate`` (run as the
 submitting user by the cli_filter) calls :meth:`~SqliteHistory.peaks` before
-estimating, and :mod:`estimators.history_scaling` turns peaks at other batch sizes into
+estimating, and :mod:`slurm_colloc.estimators.history_scaling` turns peaks at other batch sizes into
 this one's. Keys are the owner's uid, the summary fingerprint and the job parameters
 that change memory. The store keeps the largest peak seen (a job that once needed more
 may need it again).
@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from estimators.history_scaling import HISTORY_MARGIN
+from slurm_colloc.estimators.history_scaling import HISTORY_MARGIN
 
 __all__ = ["HISTORY_MARGIN", "HistoryStore", "HistoryUnsafe", "SqliteHistory"]
 

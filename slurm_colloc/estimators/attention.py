@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimators.model import ModelSummary
-from estimators.physics import MIB
-from estimators.recognition import Recognition
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.physics import MIB
+from slurm_colloc.estimators.recognition import Recognition
 
 IMPLEMENTATIONS = ("eager", "sdpa", "flash")
 HEAD_DIM = 64

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from estimators.errors import SummaryParseError
-from estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.errors import SummaryParseError
+from slurm_colloc.estimators.model import Layer, ModelSummary
 
 FORMAT_TAG = "colloc-summary/1"
 

@@ -6,7 +6,7 @@ The margin and the attention memory depend on it: a transformer keeps
 CNN keeps none, and a model the rules cannot place gets the most conservative margin.
 
 Rules, in order (every row counts: leaves and containers, which ``print(model)``
-lists in :attr:`~estimators.model.ModelSummary.containers`):
+lists in :attr:`~slurm_colloc.estimators.model.ModelSummary.containers`):
 
 * **Family** by class-name prefix (``Bert*``, ``Roberta*``, ``XLNet*``, ``GPT2*``,
   ``GPTNeo*``, ``GPTJ*``, ``T5*``, LLaMA-style ``Llama*`` / ``Mistral*`` / ``Qwen*`` /
@@ -47,8 +47,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from estimators.layers import category, is_composite, is_primitive, leaf_category
-from estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.layers import category, is_composite, is_primitive, leaf_category
+from slurm_colloc.estimators.model import Layer, ModelSummary
 
 FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(rx))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from estimators.base import Estimate, Estimator, Job
-from estimators.errors import EstimatorInputError, SummaryParseError
-from estimators.history import HistoryStore, SqliteHistory
-from estimators.history_scaling import scale_history
-from estimators.model import Layer, ModelSummary
-from estimators.parsers import parse_summary, read_summary_file
-from estimators.registry import DEFAULT, get, names
+from slurm_colloc.estimators.base import Estimate, Estimator, Job
+from slurm_colloc.estimators.errors import EstimatorInputError, SummaryParseError
+from slurm_colloc.estimators.history import HistoryStore, SqliteHistory
+from slurm_colloc.estimators.history_scaling import scale_history
+from slurm_colloc.estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.parsers import parse_summary, read_summary_file
+from slurm_colloc.estimators.registry import DEFAULT, get, names
 
 __all__ = [
     "Estimate",
@@ -60,8 +60,8 @@ def estimate(
 
     ``summary`` is summary text (any supported format) or a parsed summary. When a
     ``history`` store has measured peaks for the same fingerprint, sequence length,
-    optimizer and precision, they win (:mod:`estimators.history_scaling`): the estimator
-    is ``history`` (same batch size), ``history-fit`` (two or more other batch sizes)
+    optimizer and precision, they win (:mod:`slurm_colloc.estimators.history_scaling`):
+    the estimator is ``history`` (same batch size), ``history-fit`` (two or more other batch sizes)
     or ``history-anchored`` (one other batch size plus this estimator's growth).
     ``attention`` (``eager``, ``sdpa``, ``flash``) is the job's attention
     implementation; None takes what the summary shows, else eager (the safe side).

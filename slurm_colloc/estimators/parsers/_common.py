@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import re
 
-from estimators.errors import SummaryParseError
-from estimators.model import ModelSummary
+from slurm_colloc.estimators.errors import SummaryParseError
+from slurm_colloc.estimators.model import ModelSummary
 
 MAX_PARAMS = 10**13
 """Parameters of a model (or one layer): 10 trillion, 40 TB of fp32 weights alone;

@@ -17,8 +17,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from estimators.features import HIDDEN_KINDS, MARGIN_BUCKETS, Features, hidden_kind, margin_bucket
-from estimators.layer_aware import (
+from slurm_colloc.estimators.features import (
+    HIDDEN_KINDS,
+    MARGIN_BUCKETS,
+    Features,
+    hidden_kind,
+    margin_bucket,
+)
+from slurm_colloc.estimators.layer_aware import (
     PRIOR,
     Calibration,
     base_breakdown,
@@ -26,7 +32,7 @@ from estimators.layer_aware import (
     margin_basis,
     margin_mib,
 )
-from estimators.layers import CATEGORIES
+from slurm_colloc.estimators.layers import CATEGORIES
 
 COLUMNS = ("context", "params", *(f"act_{c}" for c in CATEGORIES), "attn_scores", "largest")
 
@@ -161,7 +167,7 @@ def with_margin(rows: Sequence[Row], cal: Calibration, *, coverage: float = 0.96
     """``cal`` with the margin (and the stated intervals) chosen on ``rows``.
 
     The relative margin is a split-conformal quantile per architecture bucket
-    (:func:`estimators.features.margin_bucket`): for each bucket, the ``coverage``
+    (:func:`slurm_colloc.estimators.features.margin_bucket`): for each bucket, the ``coverage``
     quantile of the relative margin each calibration run needs, taken per data set
     (so that 3,000 MLPs cannot lower the margin of the timm CNNs) and the largest of
     those. Buckets whose ops the summary hides get wider margins than those it shows.

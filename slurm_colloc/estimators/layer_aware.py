@@ -5,9 +5,9 @@ peak = context + k_p x (weights + gradients + optimizer state + step temporaries
        + k_s x attention scores + k_w x largest activation (workspace)
        + margin
 
-The parameter terms and the per-layer bytes come from :mod:`estimators.physics` and
-:mod:`estimators.features`; the constants (context, the k's) and the margin were
-fitted on measured A100 peaks by :mod:`estimators.calibration` and live in
+The parameter terms and the per-layer bytes come from :mod:`slurm_colloc.estimators.physics` and
+:mod:`slurm_colloc.estimators.features`; the constants (context, the k's) and the margin were
+fitted on measured A100 peaks by :mod:`slurm_colloc.estimators.calibration` and live in
 ``estimators/data/calibration.json`` with the residual statistics they produced.
 The relative margin scales activations and workspace only: the context and the
 parameter bytes are the best known terms, the activations the least.
@@ -22,27 +22,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from estimators.attention import PRIOR as ATTENTION_PHYSICS
-from estimators.attention import (
+from slurm_colloc.estimators.attention import PRIOR as ATTENTION_PHYSICS
+from slurm_colloc.estimators.attention import (
     AttentionMemory,
     attention_memory,
     encoder_tokens,
     head_mib,
     resolve_impl,
 )
-from estimators.base import Estimate, Job
-from estimators.errors import EstimatorInputError
-from estimators.features import (
+from slurm_colloc.estimators.base import Estimate, Job
+from slurm_colloc.estimators.errors import EstimatorInputError
+from slurm_colloc.estimators.features import (
     DEFAULT_SEQ_LEN,
     Features,
     compute,
     hidden_kind,
     margin_bucket,
 )
-from estimators.layers import CATEGORIES
-from estimators.model import ModelSummary
-from estimators.physics import activation_bytes_per_elem
-from estimators.recognition import Recognition, recognise
+from slurm_colloc.estimators.layers import CATEGORIES
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.physics import activation_bytes_per_elem
+from slurm_colloc.estimators.recognition import Recognition, recognise
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "data" / "calibration.json"
 
@@ -73,7 +73,8 @@ class Calibration:
     context_by_dataset: dict[str, float] = field(default_factory=dict)
     """Context fitted per calibration data set (for the record)."""
     margin_rel_by_bucket: dict[str, float] = field(default_factory=dict)
-    """Relative margin per architecture bucket (:func:`estimators.features.margin_bucket`);
+    """Relative margin per architecture bucket
+    (:func:`slurm_colloc.estimators.features.margin_bucket`);
     a bucket not listed gets :attr:`margin_rel` (the largest)."""
     margin_abs_by_bucket: dict[str, float] = field(default_factory=dict)
     """Absolute margin (MiB) per bucket; a bucket not listed gets :attr:`margin_abs_mib`."""
@@ -82,7 +83,7 @@ class Calibration:
     """The tracing estimator's constants: ``context_mib``, ``k`` (reserved / traced
     bytes) and ``margin_rel`` (on the traced part)."""
     attention: dict[str, float] = field(default_factory=lambda: dict(ATTENTION_PRIOR))
-    """Transformer constants (:mod:`estimators.attention`), fitted on the exact tensor
+    """Transformer constants (:mod:`slurm_colloc.estimators.attention`), fitted on the exact tensor
     accounting of Hugging Face models (``attention_measurements.csv``): bytes per
     score / relative-score / context element, ``k_leaf`` and ``k_largest`` (the shown
     layers' outputs and the largest one: logits and their loss copies), ``k_alloc``
@@ -116,7 +117,7 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        """Build from the JSON document written by :mod:`estimators.calibration`."""
+        """Build from the JSON document written by :mod:`slurm_colloc.estimators.calibration`."""
         k = d["coefficients"]
         return cls(
             context_mib=float(d["context_mib"]),

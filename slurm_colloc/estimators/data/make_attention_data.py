@@ -152,7 +152,7 @@ def trace_step(model: Any, inputs: dict[str, Any], torch: Any) -> dict[str, floa
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from estimators.tracing import fake_state
+    from slurm_colloc.estimators.tracing import fake_state
 
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     fake_state(model, mode, torch)

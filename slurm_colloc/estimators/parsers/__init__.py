@@ -12,10 +12,17 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from estimators.errors import EstimatorInputError, SummaryParseError
-from estimators.model import ModelSummary
-from estimators.parsers import flax, json_format, keras, pytorch_print, torchinfo, torchsummary
-from estimators.parsers._common import check_plausible
+from slurm_colloc.estimators.errors import EstimatorInputError, SummaryParseError
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.parsers import (
+    flax,
+    json_format,
+    keras,
+    pytorch_print,
+    torchinfo,
+    torchsummary,
+)
+from slurm_colloc.estimators.parsers._common import check_plausible
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")
 """A CSI escape sequence (colours, bold); bounded, so linear on any input."""
@@ -50,7 +57,7 @@ def parse_summary(text: str, fmt: str | None = None) -> ModelSummary:
 
     Any text gives a :class:`ModelSummary` or an :class:`EstimatorInputError`
     (normally :class:`SummaryParseError`), in time linear in its size: sizes no real
-    model has are refused (:func:`~estimators.parsers._common.check_plausible`), and
+    model has are refused (:func:`~slurm_colloc.estimators.parsers._common.check_plausible`), and
     an unexpected ``ValueError`` / ``RecursionError`` / ``OverflowError`` inside a
     parser still becomes a parse error rather than a traceback in ``sbatch``.
     """

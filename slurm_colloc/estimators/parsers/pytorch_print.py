@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from estimators.errors import SummaryParseError
-from estimators.model import Layer, ModelSummary
-from estimators.parsers._common import (
+from slurm_colloc.estimators.errors import SummaryParseError
+from slurm_colloc.estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.parsers._common import (
     MAX_DIGITS,
     MAX_ELEMS,
     MAX_LAYERS,

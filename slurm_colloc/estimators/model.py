@@ -63,7 +63,7 @@ class ModelSummary:
     containers: tuple[Layer, ...] = field(default=(), compare=False)
     """Container modules a format shows but keeps out of :attr:`layers` (``print(model)``
     lists ``BertSelfAttention(`` above its Linear children): they own no activations
-    but tell what the model is (:mod:`estimators.recognition`). Tree formats
+    but tell what the model is (:mod:`slurm_colloc.estimators.recognition`). Tree formats
     (torchinfo) keep their containers in :attr:`layers` as non-leaf rows."""
 
     @property

@@ -17,11 +17,11 @@ import importlib
 import math
 from typing import Any
 
-from estimators.base import Estimate, Job
-from estimators.errors import EstimatorInputError
-from estimators.layer_aware import load_calibration
-from estimators.model import ModelSummary
-from estimators.physics import MIB
+from slurm_colloc.estimators.base import Estimate, Job
+from slurm_colloc.estimators.errors import EstimatorInputError
+from slurm_colloc.estimators.layer_aware import load_calibration
+from slurm_colloc.estimators.model import ModelSummary
+from slurm_colloc.estimators.physics import MIB
 
 
 def _load_factory(spec: str) -> Any:

@@ -7,24 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from estimators.base import Estimator
-from estimators.errors import EstimatorInputError
+from slurm_colloc.estimators.base import Estimator
+from slurm_colloc.estimators.errors import EstimatorInputError
 
 
 def _layer_aware(**_: object) -> Estimator:
-    from estimators.layer_aware import LayerAwareEstimator
+    from slurm_colloc.estimators.layer_aware import LayerAwareEstimator
 
     return LayerAwareEstimator()
 
 
 def _horus(**_: object) -> Estimator:
-    from estimators.horus import HorusEstimator
+    from slurm_colloc.estimators.horus import HorusEstimator
 
     return HorusEstimator()
 
 
 def _tracing(model_factory: str | None = None, **_: object) -> Estimator:
-    from estimators.tracing import TracingEstimator
+    from slurm_colloc.estimators.tracing import TracingEstimator
 
     return TracingEstimator(model_factory)
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import re
 
-from estimators.errors import SummaryParseError
-from estimators.model import Layer, ModelSummary
-from estimators.parsers._common import footer_count, parse_count, parse_shapes, per_sample
+from slurm_colloc.estimators.errors import SummaryParseError
+from slurm_colloc.estimators.model import Layer, ModelSummary
+from slurm_colloc.estimators.parsers._common import (
+    footer_count,
+    parse_count,
+    parse_shapes,
+    per_sample,
+)
 
 _HEADER = re.compile(r"Layer \(type\)\s*[┃│|]?\s*Output Shape\s*[┃│|]?\s*Param #")
 _SHAPE = re.compile(r"(\((?:None|\d+)[^()]*\)|\[\((?:None|\d+)[^\[\]]*\]|multiple)")
