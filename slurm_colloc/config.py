@@ -193,6 +193,12 @@ class CollocConfig:
     collector_idle_exit_s: float = 600.0
     """The node collector exits after this long without any GPU job on the node
     (the next prolog starts it again)."""
+    prometheus_textfile: str = ""
+    """Where the node collector writes its per-job GPU metrics in Prometheus's text
+    format after every sample (``.prom`` file in the directory of node_exporter's
+    ``--collector.textfile.directory``), atomically, 0644, in a root-owned directory
+    no one else may write. Empty (the default): no export. Names and labels:
+    docs/admin.md, "Prometheus and Grafana"."""
 
     # --- Memory cap enforcement by the collector (see docs/node.md) ------------------------
     enforce_over_limit: EnforceAction = "kill"
@@ -298,6 +304,11 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     if not os.path.isabs(cfg.compute_history_file):
         raise ConfigError(f"{origin}: compute_history_file = {cfg.compute_history_file!r}: "
                           "must be an absolute path (slurmctld reads it)")
+    if cfg.prometheus_textfile and not (os.path.isabs(cfg.prometheus_textfile)
+                                        and cfg.prometheus_textfile.endswith(".prom")):
+        raise ConfigError(f"{origin}: prometheus_textfile = {cfg.prometheus_textfile!r}: "
+                          "must be an absolute path ending in .prom (node_exporter reads "
+                          "only *.prom files) or empty")
     if cfg.recovery_nice > MAX_RECOVERY_NICE:
         raise ConfigError(f"{origin}: recovery_nice = {cfg.recovery_nice}: must be at most "
                           f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")

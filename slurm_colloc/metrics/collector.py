@@ -15,6 +15,10 @@ against their job's allocation and MPS membership; a job over its limit (or outs
 MPS) is killed or flagged per configuration and a root-only verdict is recorded. It
 reuses the sample and the attribution already made: no extra GPU or /proc reads.
 
+Prometheus (:mod:`.prometheus_export`): with ``prometheus_textfile`` set, each step
+ends by writing every open attempt's latest row, labelled and sized from root's meta,
+as node_exporter's textfile; an attempt closed (not seen for ``GONE_AFTER_S``) leaves it.
+
 Life cycle: the prolog starts it when it is not running
 (:mod:`slurm_colloc.node.metrics_launch`). What it starts is a supervisor
 (:mod:`.supervisor`) that holds an exclusive ``flock`` in root's private
@@ -35,7 +39,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -88,6 +92,9 @@ class Collector:
         self.attributor = attributor or Attributor(
             uid_of_job=self._uid_of_job, job_of_sluid=self._job_of_sluid)
         self.open: dict[Key, _Open] = {}
+        self.latest: dict[Key, dict[int, store.Row]] = {}
+        """Each open attempt's last raw row per GPU (the Prometheus export's input)."""
+        self._export = _exporter(cfg, backend, clock)
         self._energy: dict[int, tuple[float, float | None]] = {}
         self._uids: dict[str, tuple[int, float]] = {}  # job -> (owner, when read)
         self._unattributed: set[int] = set()
@@ -304,6 +311,7 @@ class Collector:
             self.last_job_seen = now
         for k in [k for k, o in self.open.items() if now - o.last_seen > GONE_AFTER_S]:
             self._guarded("closing a series", lambda k=k: self.close_job(k))  # type: ignore[misc]
+        self._guarded("Prometheus textfile", lambda: self._export(self.latest))
         return seen
 
     def _guarded(self, where: str, fn: Callable[[], object]) -> None:
@@ -371,6 +379,7 @@ class Collector:
             path = store.series_path(self.metrics_dir, k[0], k[1])
             o = self.open[k] = _Open(store.SeriesWriter(path, self.cfg.metrics_max_rows))
         o.last_seen = now
+        self.latest.setdefault(k, {})[row.gpu] = row
         prev = o.pending.get(row.gpu)
         merged = row if prev is None else replace(store.merge_rows(prev, row), t=prev.t)
         if merged.n >= o.writer.stride:
@@ -381,6 +390,7 @@ class Collector:
 
     def close_job(self, k: Key) -> None:
         """Flush an attempt's pending rows and close its file."""
+        self.latest.pop(k, None)
         o = self.open.pop(k, None)
         if o is None:
             return
@@ -393,6 +403,18 @@ class Collector:
         """Flush and close everything."""
         for k in list(self.open):
             self.close_job(k)
+        self._guarded("Prometheus textfile", lambda: self._export(self.latest))  # jobs gone
+
+
+def _exporter(cfg: CollocConfig, backend: GpuBackend, clock: Callable[[], float],
+              ) -> Callable[[Mapping[Key, Mapping[int, store.Row]]], None]:
+    """What writes ``prometheus_textfile`` after each sample (nothing when it is empty;
+    :mod:`.prometheus_export`)."""
+    if not cfg.prometheus_textfile:
+        return lambda latest: None
+    from slurm_colloc.metrics.prometheus_export import TextfileExporter
+
+    return TextfileExporter(cfg, backend, clock=clock).write
 
 
 SERVER_PROGRAM = "nvidia-cuda-mps-server"

@@ -210,7 +210,21 @@ def run(
             log.error("requeue failed: %s", e)
     if not result.requeued and text is not None:
         _spool_record(ctx, cfg, text, result)
+    _count_events(cfg, result)
     return result
+
+
+def _count_events(cfg: CollocConfig, result: EpilogResult) -> None:
+    """Add this job's GPU OOM and requeue to the node's counters (Prometheus export)."""
+    from slurm_colloc.metrics import node_counters
+
+    if result.cause != "gpu-oom" and not result.requeued:
+        return
+    try:
+        node_counters.bump(cfg.metrics_dir, {"gpu_oom": int(result.cause == "gpu-oom"),
+                                             "requeues": int(result.requeued)})
+    except OSError as e:
+        result.errors.append(f"node counters not updated: {e}")
 
 
 def _user_gid(uid: int) -> int | None:
