@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ DEFAULT_PATH = Path("/etc/slurm/colloc.conf")
 MAX_RECOVERY_NICE = 1_000_000
 MAX_SM_CAPACITY_PCT = 400
 ENV_VAR = "COLLOC_CONF"
+_UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,239}\.service")
+"""A systemd service name ``collector_unit`` may hold (no path, no option, no space)."""
 
 GpuBackendName = Literal["nvml", "sim"]
 HistorySource = Literal["accounting", "sqlite"]
@@ -193,6 +196,13 @@ class CollocConfig:
     collector_idle_exit_s: float = 600.0
     """The node collector exits after this long without any GPU job on the node
     (the next prolog starts it again)."""
+    collector_unit: str = ""
+    """Name of the systemd unit that runs the node collector (``colloc admin
+    collector-unit --install`` writes ``colloc-collector.service``), or empty: no unit.
+    When set, a prolog that finds no collector running asks systemd to start it
+    (``systemctl start --no-block``): systemd then restarts it when it dies and it does
+    not exit when idle. Where there is no systemd, or ``systemctl`` fails, the prolog
+    starts the collector detached itself (as with an empty value) and logs why."""
     prometheus_textfile: str = ""
     """Where the node collector writes its per-job GPU metrics in Prometheus's text
     format after every sample (``.prom`` file in the directory of node_exporter's
@@ -309,6 +319,10 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
         raise ConfigError(f"{origin}: prometheus_textfile = {cfg.prometheus_textfile!r}: "
                           "must be an absolute path ending in .prom (node_exporter reads "
                           "only *.prom files) or empty")
+    if cfg.collector_unit and not _UNIT_NAME.fullmatch(cfg.collector_unit):
+        raise ConfigError(f"{origin}: collector_unit = {cfg.collector_unit!r}: must be a "
+                          "systemd unit name (letters, digits, ':-_.@', ending in "
+                          "'.service') or empty")
     if cfg.recovery_nice > MAX_RECOVERY_NICE:
         raise ConfigError(f"{origin}: recovery_nice = {cfg.recovery_nice}: must be at most "
                           f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")

@@ -26,7 +26,9 @@ Life cycle: the prolog starts it when it is not running
 second copy exits at once, and runs this module's sampling loop as a worker, restarted
 when it dies or stalls. No exception of a step ends the loop (see :meth:`Collector.step`).
 It exits by itself after ``collector_idle_exit_s`` without GPU jobs (and none in root's
-MPS bookkeeping); it prunes job directories older than ``metrics_retention_days`` once
+MPS bookkeeping), except with ``--stay``: under the systemd unit (``collector_unit``,
+:mod:`slurm_colloc.node.collector_start`) it stays up and systemd restarts it if it
+dies. It prunes job directories older than ``metrics_retention_days`` once
 an hour.
 """
 
@@ -466,10 +468,18 @@ def _jobs_registered(cfg: CollocConfig) -> bool:
         return True  # unknown: stay
 
 
+def _idle(cfg: CollocConfig, c: Collector) -> bool:
+    """No GPU job seen for ``collector_idle_exit_s`` and none registered: time to go."""
+    return (not c.open and c.clock() - c.last_job_seen > cfg.collector_idle_exit_s
+            and not _jobs_registered(cfg))
+
+
 def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None = None,
           heartbeat: liveness.Heartbeat | None = None,
-          parent: int | None = None) -> int:
+          parent: int | None = None, stay: bool = False) -> int:
     """The collector's main loop (returns when idle, on SIGTERM, or after max_seconds).
+
+    ``stay``: never idle out (run by systemd, which keeps it up: ``--stay``).
 
     No exception of a step ends it: a failing sample is logged (rate limited) and the
     next one is taken. ``heartbeat`` is touched after each completed sample (the
@@ -507,8 +517,7 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + PRUNE_EVERY_S
                 c._guarded("pruning old series", lambda: _prune(cfg, c))
-            if (not c.open and c.clock() - c.last_job_seen > cfg.collector_idle_exit_s
-                    and not _jobs_registered(cfg)):
+            if not stay and _idle(cfg, c):
                 log.info("no GPU jobs for %.0fs, exiting", cfg.collector_idle_exit_s)
                 break
             if max_seconds is not None and time.monotonic() - started >= max_seconds:
@@ -557,12 +566,14 @@ def _logging(cfg: CollocConfig, worker: bool) -> None:
             root.addHandler(file_handler(cfg.log_file, fmt))
         except OSError as e:
             log.warning("log file %s: %s", cfg.log_file, e)
-        sl = syslog_handler()
+        # under systemd stderr is the journal already: syslog would say it twice
+        sl = None if os.environ.get("JOURNAL_STREAM") else syslog_handler()
         if sl is not None:
             root.addHandler(sl)
 
 
-def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None) -> int:
+def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None,
+            stay: bool = False) -> int:
     """Sample until idle; an exception that still escapes is logged and reported."""
     from slurm_colloc.gpu.select import backend_from_config
     from slurm_colloc.metrics.supervisor import write_crash
@@ -577,7 +588,7 @@ def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None) -> int
                      "outside MPS: %s)", os.getpid(), backend.name, cfg.sample_interval_s,
                      cfg.enforce_over_limit, cfg.enforce_outside_mps)
             return serve(cfg, backend, max_seconds=seconds, heartbeat=heartbeat,
-                         parent=parent)
+                         parent=parent, stay=stay)
         finally:
             backend.close()
             heartbeat.close()
@@ -585,6 +596,18 @@ def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None) -> int
         log.exception("collector worker failed")
         write_crash(cfg.metrics_dir, f"{type(e).__name__}: {e}")
         return 1
+
+
+def _lock(metrics_dir: str, stay: bool, poll_s: float = 1.0) -> int | None:
+    """The collector lock; with ``stay`` wait for it (a collector a prolog started
+    before the unit ran holds it until it idles out, then the unit's takes over)."""
+    fd = acquire_lock(metrics_dir)
+    if fd is None and stay:
+        log.info("another collector holds the lock; waiting for it to end")
+        while fd is None:
+            time.sleep(poll_s)
+            fd = acquire_lock(metrics_dir, tries=1)
+    return fd
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -604,13 +627,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)
     p.add_argument("--no-supervisor", action="store_true",
                    help="sample in this process, no restarts (benchmarks)")
+    p.add_argument("--stay", action="store_true",
+                   help="no idle exit, and wait for a running collector to end instead of "
+                        "exiting (the systemd unit's mode: colloc admin collector-unit)")
     a = p.parse_args(argv)
     cfg = cfgmod.load(a.conf)
     _logging(cfg, worker=a.worker)
     if a.worker:
-        return _worker(cfg, a.seconds, a.supervisor)
+        return _worker(cfg, a.seconds, a.supervisor, a.stay)
     try:
-        fd = acquire_lock(cfg.metrics_dir)
+        fd = _lock(cfg.metrics_dir, a.stay)
     except OSError as e:
         log.error("cannot take the collector lock (%s): not starting", e)
         return 1
@@ -618,8 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # another collector is running
     try:
         if a.no_supervisor:
-            return _worker(cfg, a.seconds, None)
-        args = ["--worker", "--supervisor", str(os.getpid())]
+            return _worker(cfg, a.seconds, None, a.stay)
+        args = ["--worker", "--supervisor", str(os.getpid())] + (["--stay"] if a.stay else [])
         args += ["--conf", a.conf] if a.conf else []
         args += ["--seconds", str(a.seconds)] if a.seconds is not None else []
         sup = Supervisor(cfg.metrics_dir, [sys.executable, "-I", "-m", __spec__.name

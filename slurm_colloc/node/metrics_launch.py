@@ -8,7 +8,8 @@ collector holds the lock a detached double-fork + exec of
 ``python -m slurm_colloc.metrics.collector`` (its supervisor,
 :mod:`slurm_colloc.metrics.supervisor`, which restarts the sampling worker).
 Measured cost: see docs/report.md (well under a millisecond when the collector is
-already running).
+already running). With ``collector_unit`` set the start is systemd's
+(:mod:`slurm_colloc.node.collector_start`), the detached start its fallback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.detach import spawn_module
 from slurm_colloc.metrics import liveness, store
+from slurm_colloc.node.collector_start import start_collector
 from slurm_colloc.node.job import JobContext
 
 SPANK = "SPANK__SLURM_SPANK_OPTION_colloc_colloc_"
@@ -86,5 +88,4 @@ def ensure_collector(
     store.write_meta(cfg.metrics_dir, meta_for(ctx, cfg, env))
     if collector_running(cfg.metrics_dir):
         return "collector running"
-    spawn_collector(env)
-    return "collector started"
+    return start_collector(cfg.collector_unit, lambda: spawn_collector(env))
