@@ -13,6 +13,7 @@ back to a default is how a site ends up running something it did not ask for.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import tomllib
@@ -20,6 +21,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
+
+from slurm_colloc.hostlist import MAX_HOSTS, HostlistError, expand
 
 DEFAULT_PATH = Path("/etc/slurm/colloc.conf")
 MAX_RECOVERY_NICE = 1_000_000
@@ -51,6 +54,26 @@ DEPRECATED: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+OVERRIDABLE = ("cuda_context_mib", "mps_server_mib", "gpu_reserved_mib", "gpu_memory_mib")
+"""Keys a ``[gpu_types."MODEL"]`` or ``[nodes."HOSTLIST"]`` table may set (``gpu_memory_mib``
+in node tables only: a GPU model's memory is what the backend reports)."""
+
+
+@dataclass(frozen=True)
+class GpuOverride:
+    """The GPU overhead keys one ``gpu_types`` or ``nodes`` table sets; None: not set
+    there (the next table in precedence, or the global key, decides)."""
+
+    cuda_context_mib: int | None = None
+    mps_server_mib: int | None = None
+    gpu_reserved_mib: int | None = None
+    gpu_memory_mib: int | None = None
+
+    def values(self) -> dict[str, int]:
+        """The keys this table sets, with their values."""
+        return {k: v for k in OVERRIDABLE if (v := getattr(self, k)) is not None}
+
+
 class CollocConfig:
     """Site configuration. Field comments are the documentation of each key."""
 
@@ -97,6 +120,33 @@ class CollocConfig:
     """Memory the driver keeps on each GPU. 0: what the backend reports (NVML's
     ``nvmlDeviceGetMemoryInfo_v2`` reserved, the sim's spec); set it to override."""
 
+    gpu_types: dict[str, GpuOverride] = field(default_factory=dict)
+    """Per GPU model overrides of ``cuda_context_mib``, ``mps_server_mib`` and
+    ``gpu_reserved_mib``, one table per model, named as the GPU backend reports it
+    (NVML's ``nvmlDeviceGetName``, ``nvidia-smi --query-gpu=name``; the sim's spec
+    name), compared without regard to case or repeated spaces::
+
+        [gpu_types."NVIDIA H100 80GB HBM3"]
+        cuda_context_mib = 608
+        gpu_reserved_mib = 480
+
+    A site with mixed GPUs measures each model with ``colloc selftest --gpu`` and puts
+    its figures here. Precedence, per key: the node's table (``nodes``) over the GPU
+    model's table over the global key. Applied on the node (prolog pinned limits,
+    ``colloc admin gres-conf`` shard counts, epilog, doctor, selftest);
+    job_submit.lua runs in slurmctld before a node is chosen and sizes with the
+    global keys, so set those for the most demanding model (docs/admin.md)."""
+    nodes: dict[str, GpuOverride] = field(default_factory=dict)
+    """Per node overrides of ``cuda_context_mib``, ``mps_server_mib``,
+    ``gpu_reserved_mib`` and ``gpu_memory_mib``, one table per Slurm hostlist
+    (``gpu[01-04,07]``, as in slurm.conf), matched against the node's name
+    (``SLURMD_NODENAME``, else the short host name)::
+
+        [nodes."gpu[01-04]"]
+        cuda_context_mib = 640
+
+    A node named by two tables is refused (which one wins would be a guess). A node
+    table wins over its GPUs' ``gpu_types`` table, which wins over the global key."""
     # --- Compute admission: SM activity as a second dimension of shards --------------
     sm_capacity_pct: int = 0
     """Summed SM activity (DCGM SMACT, %) one GPU's jobs may be expected to have.
@@ -294,7 +344,7 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     for key in sorted(set(data) & set(DEPRECATED)):
         warnings.warn(f"{origin}: {key} is deprecated and ignored: {DEPRECATED[key]}",
                       ConfigWarning, stacklevel=2)
-    data = {k: v for k, v in data.items() if k not in DEPRECATED}
+    data = {k: v for k, v in data.items() if k not in DEPRECATED}  # a copy: popped below
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(
@@ -305,6 +355,51 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     if cfg.shard_mib < 64:
         raise ConfigError(f"{origin}: shard_mib = {cfg.shard_mib}: must be at least 64 MiB")
     if not 0 <= cfg.active_thread_percentage <= 100:
+def gpu_model_key(name: str) -> str:
+    """How ``gpu_types`` names and backend model names are compared."""
+    return " ".join(name.split()).casefold()
+
+
+def _override(where: str, table: Any, *, node: bool) -> GpuOverride:
+    """One ``gpu_types``/``nodes`` table: known keys only, non-negative integers."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table of {', '.join(OVERRIDABLE)}")
+    allowed = OVERRIDABLE if node else OVERRIDABLE[:3]
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        why = ("; gpu_memory_mib is what the backend reports for a model (set it per node)"
+               if "gpu_memory_mib" in unknown else "")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: "
+                          f"{', '.join(allowed)}{why}")
+    return GpuOverride(**{k: _check_value(f"{where}: {k}", int, v) for k, v in table.items()})
+
+
+def _override_tables(origin: str, key: str, data: Any) -> dict[str, GpuOverride]:
+    """``gpu_types`` or ``nodes``: names checked, and no model or node named twice."""
+    if not isinstance(data, dict) or len(data) > 1024:
+        raise ConfigError(f"{origin}: {key}: must be (at most 1024) tables, e.g. "
+                          f'[{key}."NAME"]')
+    out: dict[str, GpuOverride] = {}
+    seen: dict[str, str] = {}
+    for name, table in data.items():
+        where = f'{origin}: [{key}."{name}"]'
+        if not name.strip() or len(name) > 200:
+            raise ConfigError(f"{where}: the name must be 1..200 characters")
+        try:
+            members = expand(name) if key == "nodes" else [gpu_model_key(name)]
+        except HostlistError as e:
+            raise ConfigError(f"{where}: not a Slurm hostlist: {e}") from None
+        for m in members:
+            if m in seen:
+                raise ConfigError(f'{where}: {m} is also in [{key}."{seen[m]}"]; name each '
+                                  f"{'node' if key == 'nodes' else 'GPU model'} once")
+            seen[m] = name
+        if len(seen) > MAX_HOSTS:
+            raise ConfigError(f"{where}: the {key} tables name more than {MAX_HOSTS} hosts")
+        out[name] = _override(where, table, node=key == "nodes")
+    return out
+
+
         raise ConfigError(f"{origin}: active_thread_percentage must be 0..100")
     if cfg.sm_capacity_pct > MAX_SM_CAPACITY_PCT:
         raise ConfigError(f"{origin}: sm_capacity_pct = {cfg.sm_capacity_pct}: must be at most "
@@ -318,7 +413,10 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
                                         and cfg.prometheus_textfile.endswith(".prom")):
         raise ConfigError(f"{origin}: prometheus_textfile = {cfg.prometheus_textfile!r}: "
                           "must be an absolute path ending in .prom (node_exporter reads "
+    tables: dict[str, Any] = {k: _override_tables(origin, k, data.pop(k))
+              for k in ("gpu_types", "nodes") if k in data}
                           "only *.prom files) or empty")
+    values.update(tables)
     if cfg.collector_unit and not _UNIT_NAME.fullmatch(cfg.collector_unit):
         raise ConfigError(f"{origin}: collector_unit = {cfg.collector_unit!r}: must be a "
                           "systemd unit name (letters, digits, ':-_.@', ending in "
@@ -378,3 +476,7 @@ def dump(cfg: CollocConfig) -> str:
         lines.append("\n[extra]")
         lines.extend(f'{k} = "{v}"' for k, v in sorted(cfg.extra.items()))
     return "\n".join(lines) + "\n"
+    for key in ("gpu_types", "nodes"):
+        for name, o in getattr(cfg, key).items():
+            lines.append(f"\n[{key}.{json.dumps(name)}]")
+            lines.extend(f"{k} = {v}" for k, v in o.values().items())

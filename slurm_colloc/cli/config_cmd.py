@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from slurm_colloc import config as cfgmod
+from slurm_colloc.cli.config_tables import budget_problems, effective_lines
 
 EXIT_ERROR = 2
 
@@ -46,7 +47,7 @@ def _type_text(hint: object, sep: str = " \\| ") -> str:
     if origin is tuple:
         return "list of strings"
     if origin is dict:
-        return "table of strings"
+        return "tables (below)" if typing.get_args(hint)[1] is not str else "table of strings"
     names: dict[object, str] = {bool: "boolean", int: "integer", float: "number",
                                  str: "string"}
     return names.get(hint, str(hint))
@@ -62,6 +63,15 @@ def _value_text(v: object) -> str:
     if isinstance(v, str):
         return f'`"{v}"`'
     return f"`{v}`"
+
+
+def _paragraph(p: str) -> str:
+    """One docstring paragraph as Markdown: an indented one (after ``::``) is a TOML
+    example and stays as written; others are filled."""
+    if all(line.startswith("    ") for line in p.splitlines()):
+        return "```toml\n" + textwrap.dedent(p) + "\n```"
+    p = p[:-2] + ":" if p.endswith("::") else p
+    return textwrap.fill(p.replace("\n", " "), 88)
 
 
 def markdown() -> str:
@@ -95,7 +105,7 @@ def markdown() -> str:
                 f"Type: {_type_text(hints[f.name], ' or ')}. Default: "
                 f"{_value_text(getattr(default, f.name))}.", ""]
         doc = docs.get(f.name, "(not documented)").replace("``", "`")
-        out += [textwrap.fill(p.replace("\n", " "), 88) for p in doc.split("\n\n")]
+        out += [_paragraph(p) for p in doc.split("\n\n")]
         out.append("")
     if cfgmod.DEPRECATED:
         out += ["## Deprecated keys", "",
@@ -133,6 +143,11 @@ def config(defaults: bool, markdown: bool, check: bool, path: Path | None) -> No
         click.echo(f"colloc config: error: {' '.join(str(e).split())}", err=True)
         sys.exit(EXIT_ERROR)
     missing = not explicit and not target.exists()
+    problems = budget_problems(cfg)
+    if check and problems:
+        for p in problems:
+            click.echo(f"colloc config: error: {target}: {p}", err=True)
+        sys.exit(EXIT_ERROR)
     if check:
         if missing:
             click.echo(f"{target}: not found; colloc runs with the defaults "
@@ -142,3 +157,5 @@ def config(defaults: bool, markdown: bool, check: bool, path: Path | None) -> No
         return
     click.echo(f"# {target}" + (" (not found: the defaults)" if missing else ""))
     click.echo(cfgmod.dump(cfg), nl=False)
+    for line in effective_lines(cfg):
+        click.echo(line)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
+from slurm_colloc.gpu_settings import effective, local_node
 
 
 class BudgetError(ValueError):
@@ -118,16 +119,23 @@ def budget(cfg: CollocConfig, total_mib: int, reserved_mib: int = 0) -> GpuBudge
     )
 
 
-def budget_of(cfg: CollocConfig, gpu: GpuInfo) -> GpuBudget:
-    """The budget of one GPU the backend described."""
-    return budget(cfg, gpu.memory_total_mib, gpu.reserved_mib)
+def budget_of(cfg: CollocConfig, gpu: GpuInfo, node: str | None = None) -> GpuBudget:
+    """The budget of one GPU the backend described, on ``node`` (default: this one).
+
+    The overheads are the ones colloc.conf sets for this GPU's model and this node
+    (``gpu_types``, ``nodes``; :mod:`slurm_colloc.gpu_settings`).
+    """
+    where = local_node() if node is None else node
+    return budget(effective(cfg, node=where, model=gpu.name), gpu.memory_total_mib,
+                  gpu.reserved_mib)
 
 
 def config_budget(cfg: CollocConfig) -> GpuBudget | None:
     """The budget of the site's GPU from colloc.conf alone (``gpu_memory_mib``).
 
     For readers that must not touch a GPU (the report, the admin view, an epilog whose
-    backend failed); None when the site left ``gpu_memory_mib`` at 0.
+    backend failed); None when the site left ``gpu_memory_mib`` at 0. Global keys:
+    pass ``effective(cfg, node=..., model=None)`` for a node's own.
     """
     if cfg.gpu_memory_mib <= 0:
         return None

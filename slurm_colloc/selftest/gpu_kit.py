@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuInfo, GpuProcess
+from slurm_colloc.gpu_settings import effective, local_node
 from slurm_colloc.node.epilog import EpilogResult
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.node.prolog import PrologDecision
@@ -692,6 +693,8 @@ class GpuKit:
         try:
             self.workdir = self.d.workdir_factory()
             self.cfg = kit_config(self.site, self.workdir, self.mps_binary, self.o.shard_mib)
+            if self.gpu is not None:  # this GPU model's and node's overheads (gpu_types, nodes)
+                self.cfg = effective(self.cfg, node=local_node(), model=self.gpu.name)
             self.env["kit_config"] = _config_subset(self.cfg)
             self.node = self.d.node_factory(self.cfg)
             self._plan()
