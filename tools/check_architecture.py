@@ -25,7 +25,8 @@ PKG = ROOT / "slurm_colloc"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"units", "procfs", "config", "__version__", "__init__", "detach", "safe_tree",
-               "owner_read", "log_escape", "log_handlers", "estimators"}),
+               "owner_read", "log_escape", "log_handlers", "estimators", "hostlist",
+               "gpu_settings"}),
     frozenset({"slurm", "gpu", "oom", "mps"}),
     frozenset({"accounting"}),
     frozenset({"metrics"}),

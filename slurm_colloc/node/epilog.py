@@ -250,7 +250,7 @@ def _shards_per_gpu_or_fallback(
 
     An NVML error must not cancel a requeue. Fallbacks, in order: the ``colloc1``
     record of a ``mode=whole`` job (its shards are all of one GPU's, ``alloc_mib`` /
-    ``shard_mib``), then the site's ``gpu_memory_mib`` / ``shard_mib``. None when
+    ``shard_mib``), then the node's ``gpu_memory_mib`` / ``shard_mib``. None when
     nothing is known.
     """
     try:
@@ -265,7 +265,8 @@ def _shards_per_gpu_or_fallback(
             return rec.shards
     from slurm_colloc.gpu.budget import config_budget
 
-    site_budget = config_budget(cfg)
+    site_budget = config_budget(effective(cfg, node=local_node(), model=None))  # no model
+    from slurm_colloc.gpu_settings import effective, local_node
     if site_budget is not None and site_budget.shards_per_gpu > 0:
         return site_budget.shards_per_gpu
     result.errors.append("shards per GPU unknown: the job is treated as having a whole GPU")

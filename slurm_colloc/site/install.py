@@ -394,7 +394,7 @@ def gres_conf_lines(
     lines += [f"{prefix}Name=gpu File={dev(g)}" for g in order]
     total = 0
     for i, g in enumerate(order):
-        b = budget_of(cfg, g)
+        b = budget_of(cfg, g, node_name)  # that node's overheads for this model (gpu_types, nodes)
         b.check()
         total += b.shards_per_gpu
         lines.append(
