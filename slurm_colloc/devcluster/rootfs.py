@@ -21,6 +21,7 @@ under it is ever deleted while a mount remains below it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -48,11 +49,20 @@ class Release:
     ``sid``'s script builds testing too)."""
     check_valid_until: bool = True
     """testing/sid Release files may be expired on mirrors: apt is told not to care."""
+    extra_packages: tuple[str, ...] = ()
+    """Packages a release's tests need beyond :data:`ROOTFS_PACKAGES`. Not part of the
+    recipe: one added here is installed into an existing root on its next use
+    (:func:`ensure_extra_packages`) instead of rebuilding it."""
 
+
+PROMETHEUS_PACKAGES = ("prometheus", "prometheus-node-exporter")
+"""A real Prometheus and node_exporter (textfile collector) for the metrics export's
+end-to-end test (tests/e2e/test_prometheus_e2e.py); started as plain processes there."""
 
 RELEASES: dict[str, Release] = {
     "24.11": Release("24.11", "trixie", "trixie"),
-    "26.05": Release("26.05", "forky", "sid", check_valid_until=False),
+    "26.05": Release("26.05", "forky", "sid", check_valid_until=False,
+                     extra_packages=PROMETHEUS_PACKAGES),
 }
 """Releases the lab can run (Debian packages both; 25.05 and 25.11 are not in
 Debian's archive, and share their JSON data parser v0.0.42 with these two)."""
@@ -317,8 +327,47 @@ def ensure(version: str, *, rebuild: bool = False) -> Path:
                  root, MAX_AGE_S // 86400)
         _apt_install(rel, root, upgrade=True)
         _write_state(rel, root)
+    ensure_extra_packages(rel, root)
     mount(root)
     return root
+
+
+def installed_in(root: Path, packages: Sequence[str]) -> set[str]:
+    """Which of ``packages`` the root's dpkg database lists as installed."""
+    try:
+        text = (root / "var/lib/dpkg/status").read_text(errors="replace")
+    except OSError:
+        return set()
+    found = set()
+    for para in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in para.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        if fields.get("Package") in packages and fields.get("Status", "").endswith(" installed"):
+            found.add(fields["Package"])
+    return found
+
+
+def ensure_extra_packages(rel: Release, root: Path) -> None:
+    """Install the release's :attr:`~Release.extra_packages` the root lacks.
+
+    Runs on every entry, so a package added to the list reaches roots built before it
+    (a developer's, CI's cached one) without a rebuild. Serialised by a lock beside the
+    root: several test runs entering at once install once.
+    """
+    if not rel.extra_packages or not set(rel.extra_packages) - installed_in(
+            root, rel.extra_packages):
+        return
+    with open(root.with_name(root.name + ".extra.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [p for p in rel.extra_packages
+                   if p not in installed_in(root, rel.extra_packages)]
+        if missing:
+            mount(root)
+            opts = "" if rel.check_valid_until else "-o Acquire::Check-Valid-Until=false"
+            steps = (f"apt-get -q {opts} update && apt-get install -y -q "
+                     f"-o DPkg::Lock::Timeout=300 --no-install-recommends {' '.join(missing)}")
+            _stream(command(root, ["/bin/sh", "-c", steps]),
+                    f"installing {', '.join(missing)} into {root}")
 
 
 def _build(rel: Release, root: Path) -> None:
@@ -358,8 +407,8 @@ def _apt_install(rel: Release, root: Path, *, upgrade: bool) -> None:
     steps = f"apt-get -q {opts} update && "
     if upgrade:
         steps += "apt-get -y -q upgrade && "
-    steps += ("apt-get install -y -q --no-install-recommends " + " ".join(ROOTFS_PACKAGES)
-              + " && update-ca-certificates")
+    steps += ("apt-get install -y -q --no-install-recommends "
+              + " ".join((*ROOTFS_PACKAGES, *rel.extra_packages)) + " && update-ca-certificates")
     _stream(command(root, ["/bin/sh", "-c", steps]),
             f"installing Slurm {rel.version}'s packages from {rel.suite} (about 30 s)")
 
