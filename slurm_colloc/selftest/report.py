@@ -50,6 +50,10 @@ def render(res: KitResult, console: Console, json_path: Path | None) -> None:
         console.print("Measured overheads; set in colloc.conf:")
         for line in res.suggested_config:
             console.print(f"  {line}")
+        model = (res.environment.get("gpu") or {}).get("name")
+        if model:  # a site with several GPU models keeps each model's figures apart
+            console.print(f'  (with several GPU models: under [gpu_types."{model}"])',
+                          markup=False)
     if json_path is not None:
         console.print(f"Results: {json_path} (send this file to the colloc team)")
 

@@ -153,3 +153,35 @@ def test_colloc_config_shows_effective_values_and_check_sizes_them(tmp_path: Pat
     res = CliRunner().invoke(config_cmd, ["--check", "-f", str(bad)])
     assert res.exit_code == 2
     assert 'nodes."n1", any other GPU model: cuda_context_mib = 8000' in res.output
+
+
+def test_doctor_says_which_table_each_value_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_colloc.site import doctor
+    from tests.unit.test_doctor_node import Fixed
+
+    gpus = [GpuInfo(0, "GPU-a", H100, 81559, minor_number=0),
+            GpuInfo(1, "GPU-b", "other", 81559, minor_number=1)]
+    monkeypatch.setattr("slurm_colloc.gpu.select.backend_from_config",
+                        lambda cfg, **kw: Fixed(gpus))
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu01")
+    found = {f.what: f for f in doctor.check_gpus(CFG, None)}
+    assert found["GPU 0 settings"].detail.startswith(f"{H100} on gpu01: cuda_context_mib = 640 "
+                                                     '(nodes."gpu[01-04,07]")')
+    assert f'gpu_reserved_mib = 480 (gpu_types."{H100}")' in found["GPU 0 settings"].detail
+    assert "gpu_reserved_mib = 0 (global)" in found["GPU 1 settings"].detail
+    plain = {f.what for f in doctor.check_gpus(cfgmod.CollocConfig(), None)}
+    assert "GPU 0 settings" not in plain  # no tables: nothing to explain
+
+
+def test_selftest_names_the_model_table_for_its_suggestions() -> None:
+    from rich.console import Console
+
+    from slurm_colloc.selftest import report
+    from slurm_colloc.selftest.gpu_kit import KitResult
+
+    res = KitResult(exit_code=0, refusal=None, host="h", started=0.0, finished=1.0,
+                    options={}, environment={"gpu": {"name": H100}},
+                    suggested_config=["cuda_context_mib = 608"])
+    console = Console(record=True, width=200)
+    report.render(res, console, None)
+    assert f'under [gpu_types."{H100}"]' in console.export_text()
