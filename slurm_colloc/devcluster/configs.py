@@ -183,6 +183,7 @@ def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
             + ", ".join(f'"{p}"' for p in spec.shared_partitions()) + "]",
             f'evidence_dir = "{v / "evidence"}"',
             f'metrics_dir = "{v / "metrics"}"',
+            f'prometheus_textfile = "{v / "prometheus" / "colloc.prom"}"',
             f'history_db = "{v / "history.sqlite"}"',
             f"sm_capacity_pct = {spec.sm_capacity_pct}",
             f'compute_history_file = "{v / "compute-history"}"',

@@ -9,7 +9,7 @@ listening as root.
 What is exported (names are the contract the dashboard in
 ``contrib/grafana/colloc-dashboard.json`` and docs/admin.md rely on):
 
-* per running job and GPU, labels ``job``, ``user``, ``node``, ``gpu`` (Slurm's
+* per running job and GPU, labels ``jobid``, ``user``, ``node``, ``gpu`` (Slurm's
   index) and ``uuid``: :data:`JOB_GAUGES` (shards, memory limit, memory used, the
   GPU's SM activity, utilisation and power, the attempt number) and
   ``colloc_job_verdict`` (1 per enforcement verdict on the attempt, labels ``kind``
@@ -52,7 +52,9 @@ Latest = Mapping[Key, Mapping[int, store.Row]]
 """The collector's latest row per (job, attempt) and Slurm GPU index."""
 
 MIB = 1 << 20
-JOB_LABELS = ("job", "user", "node", "gpu", "uuid")
+JOB_LABELS = ("jobid", "user", "node", "gpu", "uuid")
+"""``jobid``, not ``job``: Prometheus gives every scraped series the scrape's ``job``
+label and would rename ours ``exported_job`` (jobstats' exporters say ``jobid`` too)."""
 JOB_GAUGES: dict[str, str] = {
     "colloc_job_shards": "Shards (gres/shard) the job holds on this GPU.",
     "colloc_job_memory_limit_bytes": "GPU memory the job's shards allow (its MPS limit).",

@@ -16,7 +16,7 @@ from tests.unit.test_prometheus_export import cfg_for, exporter, meta, row
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "colloc-dashboard.json"
 PANEL_TYPES = {"timeseries", "stat", "table", "gauge", "bargauge"}
-VARIABLES = {"$node": ".*", "$user": ".*", "$job": ".*", "$__range": "1h",
+VARIABLES = {"$node": ".*", "$user": ".*", "$jobid": ".*", "$__range": "1h",
              "$__rate_interval": "1m", "$__interval": "1m"}
 """Grafana's variables as a query of every value (``All``) would fill them in."""
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
@@ -92,6 +92,10 @@ def test_dashboard_is_valid_grafana_json() -> None:
         assert len(refs) == len(set(refs))
         for t in p["targets"]:
             assert t["datasource"]["type"] == "prometheus" and t["expr"].strip()
+    for e in exprs(dash):
+        used = set(re.findall(r"\$(\w+)", e))
+        assert used <= set(variables) | {"__range", "__rate_interval", "__interval"}, e
+        assert "$" not in concrete(e), e
 
 
 def test_every_metric_a_panel_queries_is_exported(tmp_path: Path) -> None:

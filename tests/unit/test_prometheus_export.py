@@ -70,7 +70,7 @@ def test_job_series_carry_labels_and_values(tmp_path: Path) -> None:
     st = os.stat(path)
     assert stat.S_IMODE(st.st_mode) == 0o644 and st.st_uid == os.geteuid()
     got = samples(path.read_text())
-    labels = {"job": "42", "user": "alice", "node": "n7", "gpu": "1", "uuid": "GPU-1aaa"}
+    labels = {"jobid": "42", "user": "alice", "node": "n7", "gpu": "1", "uuid": "GPU-1aaa"}
     assert got["colloc_job_shards"] == [(labels, 4.0)]
     assert got["colloc_job_memory_limit_bytes"] == [(labels, 4 * GIB)]
     assert got["colloc_job_memory_used_bytes"] == [(labels, 1500.0 * (1 << 20))]
@@ -104,12 +104,12 @@ def test_ended_job_disappears_from_the_file(tmp_path: Path) -> None:
     meta(cfg, 43)
     exp = exporter(cfg)
     exp.write({("42", 0): {1: row()}, ("43", 0): {1: row(mem=700.0)}})
-    jobs = {lab["job"] for lab, _ in samples(Path(cfg.prometheus_textfile).read_text())
+    jobs = {lab["jobid"] for lab, _ in samples(Path(cfg.prometheus_textfile).read_text())
             ["colloc_job_memory_used_bytes"]}
     assert jobs == {"42", "43"}
     exp.write({("43", 0): {1: row(mem=700.0)}})
     got = samples(Path(cfg.prometheus_textfile).read_text())
-    assert {lab["job"] for lab, _ in got["colloc_job_shards"]} == {"43"}
+    assert {lab["jobid"] for lab, _ in got["colloc_job_shards"]} == {"43"}
     exp.write({})
     got = samples(Path(cfg.prometheus_textfile).read_text())
     assert not [n for n in got if n.startswith("colloc_job_")]
@@ -125,7 +125,7 @@ def test_verdicts_per_job_and_per_node(tmp_path: Path) -> None:
             peak_mib=9000, limit_mib=4096, first_seen=1.0, last_seen=2.0, action=action))
     got = samples(exporter(cfg).text({("42", 0): {1: row()}}))
     [(labels, value)] = got["colloc_job_verdict"]
-    assert (labels["job"], labels["kind"], labels["action"], value) == (
+    assert (labels["jobid"], labels["kind"], labels["action"], value) == (
         "42", "over_limit", "killed", 1.0)
     node = {(lab["kind"], lab["action"]): v for lab, v in got["colloc_verdicts"]}
     assert node == {("over_limit", "killed"): 2.0, ("over_limit", "flagged"): 1.0}
@@ -202,7 +202,7 @@ def test_collector_writes_the_file_each_step_and_drops_a_job_that_ended(
     col.step()
     assert set(col.latest) == {("77", 0)} and col.latest[("77", 0)][1].mem_mib == 2500
     got = samples(Path(cfg.prometheus_textfile).read_text())
-    assert [(lab["job"], lab["gpu"], v) for lab, v in got["colloc_job_memory_used_bytes"]] == [
+    assert [(lab["jobid"], lab["gpu"], v) for lab, v in got["colloc_job_memory_used_bytes"]] == [
         ("77", "1", 2500.0 * (1 << 20))]
     assert [v for _, v in got["colloc_job_shards"]] == [3.0]
     assert got["colloc_job_shards"][0][0]["uuid"].startswith("GPU-")
