@@ -20,7 +20,12 @@ from pathlib import Path
 import click
 
 from slurm_colloc import config as cfgmod
-from slurm_colloc.cli.config_tables import budget_problems, effective_lines
+from slurm_colloc.cli.config_tables import (
+    budget_problems,
+    effective_lines,
+    for_gpu_lines,
+    submit_warnings,
+)
 
 EXIT_ERROR = 2
 
@@ -126,7 +131,13 @@ def markdown() -> str:
 @click.option("--file", "-f", "path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="The file to read (default: $COLLOC_CONF, then "
                                  f"{cfgmod.DEFAULT_PATH}).")
-def config(defaults: bool, markdown: bool, check: bool, path: Path | None) -> None:
+@click.option("--node", default=None, metavar="NAME",
+              help="With --gpu-model or alone: only the GPU overhead keys in effect on this "
+                   "node, and which table each comes from.")
+@click.option("--gpu-model", "gpu_model", default=None, metavar="MODEL",
+              help="The GPU model (as nvidia-smi names it) for --node's view.")
+def config(defaults: bool, markdown: bool, check: bool, path: Path | None,
+           node: str | None = None, gpu_model: str | None = None) -> None:
     """Print the configuration colloc would use (from $COLLOC_CONF or /etc/slurm/colloc.conf)."""
     if markdown and not defaults:
         raise click.UsageError("--markdown documents the defaults: colloc config --defaults "
@@ -148,7 +159,13 @@ def config(defaults: bool, markdown: bool, check: bool, path: Path | None) -> No
         for p in problems:
             click.echo(f"colloc config: error: {target}: {p}", err=True)
         sys.exit(EXIT_ERROR)
+    if node is not None or gpu_model is not None:
+        for line in for_gpu_lines(cfg, node, gpu_model):
+            click.echo(line)
+        return
     if check:
+        for w in submit_warnings(cfg):
+            click.echo(f"warning: {w}")
         if missing:
             click.echo(f"{target}: not found; colloc runs with the defaults "
                        "(colloc config --defaults)")
@@ -159,3 +176,5 @@ def config(defaults: bool, markdown: bool, check: bool, path: Path | None) -> No
     click.echo(cfgmod.dump(cfg), nl=False)
     for line in effective_lines(cfg):
         click.echo(line)
+    for w in submit_warnings(cfg):
+        click.echo(f"# warning: {w}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from slurm_colloc.config import OVERRIDABLE, CollocConfig
 from slurm_colloc.gpu.budget import BudgetError, budget
-from slurm_colloc.gpu_settings import combinations, effective_for_tables
+from slurm_colloc.gpu_settings import combinations, effective, effective_for_tables, sources
 
 
 def _label(node_key: str | None, model_key: str | None) -> str:
@@ -45,3 +45,31 @@ def budget_problems(cfg: CollocConfig) -> list[str]:
         except BudgetError as e:
             problems.append(f"{_label(node_key, model_key)}: {e}")
     return problems
+
+
+def for_gpu_lines(cfg: CollocConfig, node: str | None, model: str | None) -> list[str]:
+    """``key = value  # source``: what a GPU of ``model`` on ``node`` runs with."""
+    eff, src = effective(cfg, node=node, model=model), sources(cfg, node=node, model=model)
+    return [f"{k} = {getattr(eff, k)}  # {src[k]}" for k in OVERRIDABLE]
+
+
+def submit_warnings(cfg: CollocConfig) -> list[str]:
+    """Tables whose GPUs may offer fewer shards than job_submit.lua's whole GPU.
+
+    job_submit.lua (slurmctld) sizes a whole GPU with the global keys; a table that
+    sets a larger MPS server or driver reserve leaves its GPUs fewer shards, and a
+    whole-GPU job sized by the global keys then never fits on them. (A global
+    ``gpu_reserved_mib = 0`` means the backend's figure, which slurmctld cannot
+    compare.)
+    """
+    out = []
+    for kind in ("gpu_types", "nodes"):
+        for name, o in getattr(cfg, kind).items():
+            for key in ("mps_server_mib", "gpu_reserved_mib"):
+                mine, glob = o.values().get(key), getattr(cfg, key)
+                if mine is not None and mine > glob and (glob or key == "mps_server_mib"):
+                    out.append(f'[{kind}."{name}"] {key} = {mine} is above the global {glob}, '
+                               "which job_submit.lua sizes whole GPUs with: those GPUs may "
+                               "offer fewer shards than a whole-GPU job asks for; raise the "
+                               f"global {key}")
+    return out

@@ -185,3 +185,31 @@ def test_selftest_names_the_model_table_for_its_suggestions() -> None:
     console = Console(record=True, width=200)
     report.render(res, console, None)
     assert f'under [gpu_types."{H100}"]' in console.export_text()
+
+
+def test_colloc_config_node_view_names_the_sources(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(TEXT)
+    out = CliRunner().invoke(config_cmd, ["-f", str(good), "--node", "gpu07",
+                                          "--gpu-model", H100.lower()])
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines() == [
+        'cuda_context_mib = 640  # nodes."gpu[01-04,07]"', "mps_server_mib = 64  # global",
+        f'gpu_reserved_mib = 480  # gpu_types."{H100}"',
+        'gpu_memory_mib = 81920  # nodes."gpu[01-04,07]"']
+
+
+def test_check_warns_when_a_table_has_fewer_shards_than_job_submit_assumes(
+    tmp_path: Path,
+) -> None:
+    """job_submit.lua sizes a whole GPU with the global keys: a larger server or reserve
+    in a table means a whole-GPU job may never fit that table's GPUs."""
+    conf = tmp_path / "c.toml"
+    conf.write_text(TEXT)  # old1: mps_server_mib 96 > global 64; H100's reserve vs global 0
+    res = CliRunner().invoke(config_cmd, ["--check", "-f", str(conf)])
+    assert res.exit_code == 0
+    warnings = [line for line in res.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and '[nodes."old1"] mps_server_mib = 96' in warnings[0]
+    conf.write_text(TEXT.replace("mps_server_mib = 64", "mps_server_mib = 96"))
+    res = CliRunner().invoke(config_cmd, ["--check", "-f", str(conf)])
+    assert "warning:" not in res.output
