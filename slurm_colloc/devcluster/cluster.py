@@ -29,6 +29,7 @@ from slurm_colloc.devcluster import configs, daemons, hosts, slurm_release
 from slurm_colloc.devcluster.daemons import Daemon, DaemonError
 from slurm_colloc.devcluster.layout import DEFAULT_ROOT, Layout, NodePlan, Spec
 from slurm_colloc.devcluster.packages import ensure_packages
+from slurm_colloc.gpu.sim import tools
 
 log = logging.getLogger("colloc.devcluster")
 
@@ -109,7 +110,7 @@ class Cluster:
         env["SLURM_CONF"] = str(self.layout.slurm_conf)
         env["COLLOC_CONF"] = str(self.layout.colloc_conf)
         path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env["PATH"] = f"{self.venv_bin}:{path}:/usr/sbin:/sbin"
+        env["PATH"] = f"{self.layout.lab_bin}:{self.venv_bin}:{path}:/usr/sbin:/sbin"
         return env
 
     def export_lines(self) -> str:
@@ -117,7 +118,7 @@ class Cluster:
         return (
             f"export SLURM_CONF={self.layout.slurm_conf}\n"
             f"export COLLOC_CONF={self.layout.colloc_conf}\n"
-            f'export PATH={self.venv_bin}:"$PATH"\n'
+            f'export PATH={self.layout.lab_bin}:{self.venv_bin}:"$PATH"\n'
         )
 
     # ---------------------------------------------------------------- daemons
@@ -429,7 +430,8 @@ class Cluster:
         dbd = L.etc / "slurmdbd.conf"
         dbd.write_text(configs.slurmdbd_conf(s, L, password))
         dbd.chmod(0o600)
-        L.colloc_conf.write_text(configs.colloc_conf(s, L, self.venv_bin))
+        tools.write_launchers(L.lab_bin)  # jobs find colloc-simjob here (env(): PATH)
+        L.colloc_conf.write_text(configs.colloc_conf(s, L))
         self._install_site()
         self._init_sim()
 

@@ -165,8 +165,9 @@ MPS_STAND_INS = {"2": "colloc-sim-mps-control", "3": "colloc-sim-mps-control-v3"
 """The simulation's ``nvidia-cuda-mps-control`` of each MPS protocol (Spec.mps_protocol)."""
 
 
-def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
-    """colloc's own configuration for the devcluster: the simulated GPU backend."""
+def colloc_conf(spec: Spec, layout: Layout) -> str:
+    """colloc's own configuration for the devcluster: the simulated GPU backend, whose
+    MPS stand-in is the launcher in the cluster's lab bin directory."""
     v = layout.colloc_var
     return "\n".join(
         [
@@ -176,7 +177,7 @@ def colloc_conf(spec: Spec, layout: Layout, venv_bin: Path) -> str:
             f"shard_mib = {spec.shard_mib}",
             f"gpu_memory_mib = {spec.gpu_memory_mib}",
             f"gpu_reserved_mib = {spec.colloc_config().gpu_reserved_mib}",
-            f'mps_control = "{venv_bin / MPS_STAND_INS[spec.mps_protocol]}"',
+            f'mps_control = "{layout.lab_bin / MPS_STAND_INS[spec.mps_protocol]}"',
             f'mps_protocol = "{spec.mps_protocol}"',
             f'mps_root = "{layout.mps_root}"',
             "shared_partitions = ["

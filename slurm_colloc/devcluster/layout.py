@@ -237,6 +237,12 @@ class Layout:
         return self.root / "bin"
 
     @property
+    def lab_bin(self) -> Path:
+        """The simulation's executables (``colloc-simjob``, the MPS stand-ins): the lab's
+        own, first on the jobs' PATH, never in a site's wheel (slurm_colloc.gpu.sim.tools)."""
+        return self.root / "lab-bin"
+
+    @property
     def munge(self) -> Path:
         return self.root / "munge"
 

@@ -25,7 +25,7 @@ from tests.e2e.test_node_path import _one_gpu_with_room
 
 SHOW = 'echo "LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT PIPE=$CUDA_MPS_PIPE_DIRECTORY GPU=$COLLOC_GPU"'
 PLANT = r'''
-PY="$(dirname "$(command -v colloc-simjob)")/python"
+PY="$(dirname "$(command -v colloc)")/python"
 "$PY" - "$CUDA_MPS_PIPE_DIRECTORY" "$PWD/keep-me" <<'EOF'
 import os, sys
 pipe, outside = sys.argv[1], sys.argv[2]

@@ -21,6 +21,7 @@ import pytest
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuProcess
+from slurm_colloc.gpu.sim import tools as sim_tools
 from slurm_colloc.gpu.sim.backend import SimBackend
 from slurm_colloc.gpu.sim.state import ProcRecord, init_state, process_start_ticks, write_record
 from slurm_colloc.metrics import enforce, store
@@ -33,9 +34,8 @@ from tests.unit.test_enforce import alive, spawn
 
 VICTIM = 65534
 ATTACKER = 65532
-STANDIN = shutil.which("colloc-sim-mps-control") or str(
-    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
-)
+# the lab's launcher (not a console script of the wheel: issue 26 item 7)
+STANDIN = str(sim_tools.tool("colloc-sim-mps-control"))
 
 
 @pytest.fixture(autouse=True)

@@ -91,7 +91,7 @@ def test_multi_node_hosts_have_two_gpu_sizes_and_shards_only_in_the_shared_parti
     assert "PartitionName=shared Nodes=colloc-node0 MaxTime" in conf
     assert "PartitionName=shared80 Nodes=colloc-node1 MaxTime" in conf
     assert "PartitionName=gpu Nodes=colloc-node2 Default=YES" in conf
-    colloc = configs.colloc_conf(spec, Layout(Path("/r")), Path("/v/bin"))
+    colloc = configs.colloc_conf(spec, Layout(Path("/r")))
     assert 'shared_partitions = ["shared:40960", "shared80:81920"]' in colloc
 
 
@@ -99,9 +99,10 @@ def test_multi_node_hosts_have_two_gpu_sizes_and_shards_only_in_the_shared_parti
                          [("2", "colloc-sim-mps-control"), ("3", "colloc-sim-mps-control-v3")])
 def test_the_mps_protocol_picks_its_stand_in(protocol: str, stand_in: str) -> None:
     """issue 25 item 3: a replay policy runs legacy MPS or v3 by its cluster's spec."""
-    conf = configs.colloc_conf(Spec(mps_protocol=protocol), Layout(Path("/r")), Path("/v"))
+    conf = configs.colloc_conf(Spec(mps_protocol=protocol), Layout(Path("/r")))
     cfg = cfgmod.from_mapping(tomllib.loads(conf))
-    assert cfg.mps_protocol == protocol and cfg.mps_control == f"/v/{stand_in}"
+    # the lab's own launcher, not a console script of the wheel (issue 26 item 7)
+    assert cfg.mps_protocol == protocol and cfg.mps_control == f"/r/lab-bin/{stand_in}"
 
 
 def test_a_packing_cluster_leaves_out_least_loaded_placement() -> None:
@@ -123,7 +124,7 @@ def test_size_priority_and_compute_admission_reach_the_cluster_configs() -> None
     conf = configs.slurm_conf(spec, layout, version=(26, 5))
     assert "PriorityType=priority/multifactor\n" in conf
     assert "PriorityWeightTRES=GRES/shard=10000,GRES/gpu=10000\n" in conf
-    cfg = cfgmod.from_mapping(tomllib.loads(configs.colloc_conf(spec, layout, Path("/v"))))
+    cfg = cfgmod.from_mapping(tomllib.loads(configs.colloc_conf(spec, layout)))
     assert cfg.sm_capacity_pct == 108
     assert cfg.compute_history_file == str(layout.colloc_var / "compute-history")
     for bad in ("GRES/shard", "GRES/shard=1\nX=1", "a=1,,b=2"):
@@ -134,8 +135,7 @@ def test_size_priority_and_compute_admission_reach_the_cluster_configs() -> None
 def test_one_node_lab_keeps_its_single_partition_shared() -> None:
     spec = Spec()
     assert [p.partition for p in spec.node_plans()] == ["gpu"]
-    assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")),
-                                                                  Path("/v"))
+    assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")))
     assert "PartitionName=gpu Nodes=colloc-node0 Default=YES" in configs.slurm_conf(
         spec, Layout(Path("/r")))
 
@@ -155,8 +155,7 @@ def test_uniform_hosts_are_alike_and_share_one_partition_with_shards() -> None:
     gres = configs.gres_conf(spec, Layout(Path("/r")))
     assert f"NodeName=colloc-node1 Name=shard Count={one.shards_per_gpu} " \
         "File=/r/dev/colloc-node1/nvidia1" in gres
-    assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")),
-                                                                  Path("/v"))
+    assert 'shared_partitions = ["gpu"]' in configs.colloc_conf(spec, Layout(Path("/r")))
     assert Spec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="--uniform needs --nodes"):
         Spec(uniform=True).validate()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuInfo, GpuSample
+from slurm_colloc.gpu.sim import tools as sim_tools
 from slurm_colloc.site import doctor
 
 
@@ -91,7 +91,7 @@ def test_expand_gres_files() -> None:
         "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia7"]
 
 
-V2 = Path(sys.executable).parent / "colloc-sim-mps-control"  # this venv (in a root: its own)
+V2 = sim_tools.tool("colloc-sim-mps-control")  # the lab's launcher (issue 26 item 7)
 V3 = V2.with_name("colloc-sim-mps-control-v3")
 
 

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
+from slurm_colloc.gpu.sim import tools as sim_tools
 from slurm_colloc.mps.control import MpsControlError, MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy, TenancyError, ensure_root_dir
 from slurm_colloc.node.task_prolog import export_lines
 
-STANDIN = shutil.which("colloc-sim-mps-control") or str(
-    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
-)
+# the lab's launcher (not a console script of the wheel: issue 26 item 7)
+STANDIN = str(sim_tools.tool("colloc-sim-mps-control"))
 
 
 def test_tenancy_tracks_jobs_per_gpu_and_user(tmp_path: Path) -> None:

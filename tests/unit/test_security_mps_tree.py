@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 
 from slurm_colloc import safe_tree
+from slurm_colloc.gpu.sim import tools as sim_tools
 from slurm_colloc.mps.control import MpsControlError, MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, setuid, mount)")
 
 USER = 4242
-STANDIN = shutil.which("colloc-sim-mps-control") or str(
-    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
-)
+# the lab's launcher (not a console script of the wheel: issue 26 item 7)
+STANDIN = str(sim_tools.tool("colloc-sim-mps-control"))
 
 
 # --- helpers ------------------------------------------------------------------------

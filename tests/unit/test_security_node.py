@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 
 from slurm_colloc.accounting.submit_record import parse_record
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.gpu.sim import tools as sim_tools
 from slurm_colloc.mps.control import PID_FILE, MpsDaemon, read_small_file
 from slurm_colloc.mps.tenancy import Tenancy, TenancyError
 from slurm_colloc.node import entry, epilog, prolog
@@ -39,9 +39,8 @@ from slurm_colloc.slurm.squeue_json import SqueueJsonError, expand_output_path, 
 
 from .slurm_shapes import v42_job
 
-STANDIN = shutil.which("colloc-sim-mps-control") or str(
-    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
-)
+# the lab's launcher (not a console script of the wheel: issue 26 item 7)
+STANDIN = str(sim_tools.tool("colloc-sim-mps-control"))
 FORGED = "colloc1:mode=whole,need_mib=40960,shards=40,shard_mib=1024,alloc_mib=40960"
 REAL = "colloc1:mode=explicit,need_mib=2048,shards=2,shard_mib=1024,alloc_mib=2048"
 

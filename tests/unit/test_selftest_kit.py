@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from slurm_colloc.gpu.backend import (
     GpuSample,
     HardLimitSupport,
 )
+from slurm_colloc.gpu.sim import tools as sim_tools
 from slurm_colloc.node.epilog import EpilogResult
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.node.prolog import PrologDecision
@@ -991,9 +991,8 @@ def randn(*a, **k): return _T(0)
 # --- the real node scripts behind CollocNodeOps (simulated GPUs, MPS stand-in) ---------------
 
 
-STANDIN = shutil.which("colloc-sim-mps-control") or str(
-    Path(__file__).resolve().parents[2] / ".venv" / "bin" / "colloc-sim-mps-control"
-)
+# the lab's launcher (not a console script of the wheel: issue 26 item 7)
+STANDIN = str(sim_tools.tool("colloc-sim-mps-control"))
 
 
 def test_collocnodeops_drives_the_real_prolog_task_prolog_and_epilog(tmp_path: Path) -> None:
