@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from slurm_colloc.cli import lab
+
 EXIT_ERROR = 2
 """Exit status of every CLI error (bad input, missing file, unknown job, broken config)."""
 
@@ -80,9 +82,32 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
-        cmd = getattr(importlib.import_module(module), attr)
+        if cmd_name in lab.LAB_COMMANDS:  # the lab: only with its extra, never a traceback
+            lab.require(f"colloc {cmd_name}")
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as e:
+                raise lab.refusal(f"colloc {cmd_name}", f"cannot import {e.name}") from e
+        else:
+            mod = importlib.import_module(module)
+        cmd = getattr(mod, attr)
         assert isinstance(cmd, click.Command)
         return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click's, but the lab's commands are listed from :data:`lab.LAB_COMMANDS`:
+        ``colloc --help`` imports no lab code (and works where the lab is left out)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in lab.LAB_COMMANDS:
+                rows.append((name, lab.LAB_COMMANDS[name]))
+                continue
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """As click's, with every error one line and exit 2 (:func:`run_cli`)."""
@@ -100,4 +125,6 @@ def report_main() -> Any:
     cmd = main.get_command(click.Context(main), "report")
     if cmd is None:
         raise SystemExit("colloc-report: the report command is not installed yet")
+    if not any(p.name == "version" for p in cmd.params):  # colloc's version, same source
+        click.version_option(package_name="slurm-colloc", prog_name="colloc-report")(cmd)
     return run_cli(cmd.main, "colloc-report", prog_name="colloc-report")

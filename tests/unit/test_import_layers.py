@@ -23,13 +23,18 @@ RUNTIME_FILES = ["config.py", "procfs.py", "units.py", "detach.py", "safe_tree.p
 LAB = ("slurm_colloc.devcluster", "slurm_colloc.bench", "slurm_colloc.demo",
        "slurm_colloc.demo_site", "slurm_colloc.demo_attacks", "slurm_colloc.gpu.sim",
        "slurm_colloc.selftest")
-ALLOWED = {("gpu/select.py", "slurm_colloc.gpu.sim.backend")}
+ALLOWED = {("gpu/select.py", "slurm_colloc.gpu.sim.backend"),
+           # `colloc selftest`: a site's check on its real GPUs, loaded when run
+           ("cli/selftest_cmd.py", "slurm_colloc.selftest")}
+LAB_CLI = ["cli/demo_cmd.py", "cli/devcluster_cmd.py"]
+"""The lab's own commands: reached only through cli/lab.py's gate (issue 26 item 7)."""
 
 
 def _runtime_files() -> list[Path]:
     files = [PKG / f for f in RUNTIME_FILES]
     for pkg in RUNTIME:
         files += [p for p in (PKG / pkg).rglob("*.py") if "sim" not in p.relative_to(PKG).parts]
+    files += [p for p in (PKG / "cli").glob("*.py") if str(p.relative_to(PKG)) not in LAB_CLI]
     return sorted(files)
 
 
@@ -70,3 +75,16 @@ def test_pandas_is_not_a_runtime_dependency() -> None:
     assert "pandas" not in runtime and "pandas" in cfg["options.extras_require"]["lab"]
     for path in _runtime_files():
         assert not any(m.split(".")[0] == "pandas" for m in _imports(path)), path
+
+
+def test_the_cli_names_its_lab_commands_only_through_the_gate() -> None:
+    """``colloc`` reaches demo/devcluster by name (SUBCOMMANDS), gated by cli/lab.py;
+    no runtime CLI module imports them."""
+    from slurm_colloc.cli import SUBCOMMANDS
+    from slurm_colloc.cli.lab import LAB_COMMANDS
+
+    lab_modules = {SUBCOMMANDS[name].split(":")[0] for name in LAB_COMMANDS}
+    assert lab_modules == {"slurm_colloc." + f.removesuffix(".py").replace("/", ".")
+                           for f in LAB_CLI}
+    for path in _runtime_files():
+        assert not set(_imports(path)) & lab_modules, path
