@@ -131,6 +131,8 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
                     "k": m.samples,
                     "d": m.dcgm or None,
                     "s": _series_to_json(m.series),
+                    "gp": _gaps_to_json(m.gaps),
+                    "sp": m.span_s,
                 }
             )
             if m
@@ -198,6 +200,39 @@ def _series_from_json(v: Any) -> tuple[tuple[int, int, int | None], ...]:
             return ()
         out.append((t, m, None if u == -1 else u))
     return tuple(out)
+
+
+_GAP_CODES = {"collector": "c", "job": "j"}
+_GAP_CAUSES = {v: k for k, v in _GAP_CODES.items()}
+MAX_GAPS = 16
+"""Sampling gaps a record carries per attempt (``metrics.gaps.MAX_GAPS``)."""
+
+
+def _gaps_to_json(gaps: tuple[tuple[int, int, str], ...]) -> list[list[int | str]] | None:
+    """``[[offset s, length s, "c"|"j"], ...]`` (cause codes: collector, job)."""
+    out: list[list[int | str]] = [
+        [_clamp(o, 0, MAX_SERIES_SECONDS), _clamp(n, 0, MAX_SERIES_SECONDS), _GAP_CODES[c]]
+        for o, n, c in gaps[:MAX_GAPS] if c in _GAP_CODES]
+    return out or None
+
+
+def _gaps_from_json(v: Any) -> tuple[tuple[int, int, str], ...]:
+    """The gaps of :func:`_gaps_to_json`; () for anything else (lost detail, never a
+    lost record), as for a series. Old records have none."""
+    if not isinstance(v, list) or len(v) > MAX_GAPS:
+        return ()
+    out = []
+    for g in v:
+        if not (isinstance(g, list) and len(g) == 3 and type(g[0]) is int
+                and type(g[1]) is int and g[2] in _GAP_CAUSES
+                and 0 <= g[0] <= MAX_SERIES_SECONDS and 0 <= g[1] <= MAX_SERIES_SECONDS):
+            return ()
+        out.append((g[0], g[1], _GAP_CAUSES[g[2]]))
+    return tuple(out)
+
+
+def _span(v: Any) -> int | None:
+    return v if type(v) is int and 0 <= v <= MAX_SERIES_SECONDS else None
 
 
 def _record_to_json(rec: JobRecord) -> dict[str, Any]:
@@ -310,6 +345,8 @@ def _attempt_from_json(d: Any) -> Attempt:
             samples=_get(m, "k", int, 0),
             dcgm=_get(m, "d", bool, False),
             series=_series_from_json(m.get("s")),
+            gaps=_gaps_from_json(m.get("gp")),
+            span_s=_span(m.get("sp")),
         )
         if m is not None
         else None,

@@ -73,6 +73,14 @@ class MetricsSummary:
     """Downsampled time series for plots from any host: (seconds since the attempt's
     start, device memory MiB (max over the interval), SM activity % (mean) or None),
     at most ``series_points`` points, oldest first."""
+    gaps: tuple[tuple[int, int, str], ...] = ()
+    """Stretches of the attempt with no sample: (seconds from the attempt's start,
+    length in seconds, cause: ``collector`` (it was not running: nothing sampled or
+    enforced) or ``job`` (no process of the job on its GPU)), oldest first
+    (:mod:`slurm_colloc.metrics.gaps`). Empty: none, or a record written before gaps
+    were kept (``span_s`` None)."""
+    span_s: int | None = None
+    """Seconds the gaps are counted against (prolog to epilog); None: not computed."""
 
 
 @dataclass(frozen=True)

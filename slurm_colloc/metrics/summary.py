@@ -18,7 +18,9 @@ the fingerprint is user-controlled, so a peak only ever counts for its owner
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from slurm_colloc.accounting.record import MetricsSummary
 from slurm_colloc.config import CollocConfig
@@ -95,19 +97,38 @@ def summarize(
 
 
 def job_summary(
-    cfg: CollocConfig, job_id: int, attempt: int
+    cfg: CollocConfig, job_id: int, attempt: int, *, now: float | None = None,
 ) -> tuple[MetricsSummary | None, list[str]]:
     """The epilog hook: (summary or None when nothing was sampled, co-tenant job ids).
 
     The summary's series has ``cfg.series_points`` points at most, timed from the
-    attempt's start as the prolog recorded it (else from the first sample).
+    attempt's start as the prolog recorded it (else from the first sample). Its
+    ``gaps`` are the holes in the sampling from that start to ``now`` (the epilog's
+    time), put down to the collector or the job (:mod:`.gaps`).
     """
     series = store.read_series(cfg.metrics_dir, job_id, attempt)
     if not series.rows:
         return None, []
-    meta = store.read_meta(cfg.metrics_dir, job_id, attempt) if cfg.series_points > 0 else None
-    start = meta.start if meta is not None and meta.job_id == job_id else None
-    return summarize(series.rows, points=cfg.series_points, start=start)
+    meta = store.read_meta(cfg.metrics_dir, job_id, attempt)
+    start = meta.start if meta is not None and meta.job_id == job_id and meta.start else None
+    summ, tenants = summarize(series.rows, points=cfg.series_points, start=start)
+    if summ is not None:
+        summ = with_gaps(summ, series.rows, cfg, start, time.time() if now is None else now)
+    return summ, tenants
+
+
+def with_gaps(summ: MetricsSummary, rows: Sequence[store.Row], cfg: CollocConfig,
+              start: float | None, end: float) -> MetricsSummary:
+    """``summ`` with the attempt's sampling gaps (from ``start``, else the first row)."""
+    from slurm_colloc.metrics import gaps
+
+    t0 = start if start is not None else min(r.t for r in rows)
+    if end <= t0:
+        return summ
+    down = gaps.collector_down(cfg.metrics_dir, t0, end, end)
+    found = gaps.sampling_gaps(rows, t0, end, cfg.sample_interval_s, down)
+    return replace(summ, span_s=round(end - t0), gaps=tuple(
+        (max(0, round(g.start - t0)), max(1, round(g.seconds)), g.cause) for g in found))
 
 
 def record_history(

@@ -27,6 +27,7 @@ from slurm_colloc.metrics.store import Series
 from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.model import SOURCE_ACCOUNTING, AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
+from slurm_colloc.report.sampling import sampling_line
 
 W = 640
 """Width of every plot (px)."""
@@ -387,6 +388,8 @@ def render(rep: JobReport) -> str:
     for a in rep.attempts:
         s = rep.series.get(a.attempt)
         out.append(f"<h2>Attempt {a.attempt} over time</h2>")
+        if (gaps := sampling_line(a.sampling)) is not None:
+            out.append(f'<p class="missing">{e(gaps)}</p>')
         tail = (a.oom or {}).get("evidence_tail") or []
         if tail:
             out.append(f"<p>Last lines of the OOM evidence:</p><pre>{e(chr(10).join(tail))}</pre>")

@@ -79,6 +79,13 @@ class AttemptView:
     """Spans [from, to] (epoch seconds) in which the attempt ran with no collector on
     its node: limits not enforced, nothing sampled. None: not known on this host (the
     node's record is read where the node's ``metrics_dir`` is); [] none found."""
+    sampling: dict[str, Any] | None = None
+    """Holes in the attempt's sampling (:mod:`slurm_colloc.metrics.gaps`):
+    ``{"span_s", "unsampled_s", "source", "gaps": [{"from", "to", "cause"}]}`` (epoch
+    seconds; cause ``collector``: it was not running, nothing sampled or enforced;
+    ``job``: no process of the job on its GPU). ``source``: ``record`` (the epilog's)
+    or ``series`` (from the node-local series now: a running job). None: not known
+    (a record written before gaps were kept, and no series here)."""
 
     @property
     def series_label(self) -> str:
@@ -221,11 +228,39 @@ def _view(a: Attempt, outcome: str) -> AttemptView:
     if a.oom and a.oom.cause != "none":
         v.oom = {"cause": a.oom.cause, "pattern": a.oom.pattern_id,
                  "evidence": a.oom.evidence_path, "whole_gpu": a.oom.whole_gpu}
+    if m is not None and m.span_s is not None:
+        t0 = a.start or 0
+        v.sampling = _sampling(m.span_s, [(t0 + o, t0 + o + n, c) for o, n, c in m.gaps],
+                               "record")
     if a.requeue:
         v.requeue = {"requeued": a.requeue.requeued, "reason": a.requeue.reason,
                      "new_request": a.requeue.new_request,
                      "new_limit_mib": a.requeue.new_limit_mib}
     return v
+
+
+def _sampling(span_s: float, gaps: list[tuple[float, float, str]],
+              source: str) -> dict[str, Any]:
+    """The :attr:`AttemptView.sampling` object."""
+    return {"span_s": round(span_s), "unsampled_s": round(sum(b - a for a, b, _ in gaps)),
+            "source": source,
+            "gaps": [{"from": round(a), "to": round(b), "cause": c} for a, b, c in gaps]}
+
+
+def _live_sampling(v: AttemptView, s: store.Series, interval: float) -> None:
+    """Gaps from the node-local series when the record has none (a running job, or a
+    record written before gaps were kept); the collector's events say which are its."""
+    import time
+
+    from slurm_colloc.metrics.gaps import sampling_gaps
+
+    if v.sampling is not None or v.start is None or not s.rows:
+        return
+    end = float(v.end) if v.end is not None else time.time()
+    down = [(a, b) for a, b in v.unenforced or []]
+    found = sampling_gaps(s.rows, float(v.start), end, interval, down)
+    v.sampling = _sampling(end - v.start, [(g.start, g.end, g.cause) for g in found],
+                           "series")
 
 
 def _apply_series(v: AttemptView, s: store.Series) -> None:
@@ -333,6 +368,9 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         if row is not None and row.start is not None and row.submit is not None:
             views[-1].waited_s = max(0, row.start - row.submit)
     series = _attach_series(raw, attempts, views, metas, inquirer)
+    for v in views:
+        if v.series_source == SOURCE_LOCAL:
+            _live_sampling(v, series[v.attempt], cfg.sample_interval_s)
     site_budget = config_budget(cfg)
     return JobReport(
         job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),

@@ -3,8 +3,9 @@
 Header (who, what, where, state), overall bars (memory peak against the limit and
 the estimate, SM activity), details (one row per attempt), co-tenants over time, the
 time series per attempt (its source, node-local or the accounting record's
-downsampled one, and ASCII sparklines of memory and activity), OOM evidence (where it
-is and whether it is readable from this host), then notes and recommendations.
+downsampled one, the holes in its sampling, and ASCII sparklines of memory and
+activity), OOM evidence (where it is and whether it is readable from this host), then
+notes and recommendations.
 
 Strings from Slurm, job records or the node (job name, user, node, co-tenants, notes
 that quote them) reach rich only as :class:`Text` built by :func:`safe`: never parsed
@@ -23,6 +24,7 @@ from rich.text import Text
 from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.model import AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
+from slurm_colloc.report.sampling import collector_stopped, sampling_line
 
 BAR = 30
 SPARK = " .:-=+*#%@"
@@ -124,6 +126,10 @@ def sparkline(values: list[float | None], vmax: float, width: int = SPARK_WIDTH)
 
 def _series_lines(a: AttemptView, gpu_mib: int | None) -> list[Text]:
     out = [safe(f"  Attempt {a.attempt}: {a.series_label}")]
+    gaps = sampling_line(a.sampling)
+    if gaps:
+        out.append(Text(f"    {gaps}", style="red" if collector_stopped(a.sampling)
+                        else "yellow"))
     pts = a.series_points
     if not pts:
         return out

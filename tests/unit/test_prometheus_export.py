@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -162,7 +163,7 @@ def test_concurrent_bumps_all_count(tmp_path: Path) -> None:
     node_counters.bump(md, {})
     code = ("import sys; from slurm_colloc.metrics import node_counters as n\n"
             "for _ in range(20): n.bump(sys.argv[1], {'requeues': 1})")
-    ps = [subprocess.Popen(["python3", "-c", code, str(md)], cwd=Path(__file__).parents[2])
+    ps = [subprocess.Popen([sys.executable, "-c", code, str(md)], cwd=Path(__file__).parents[2])
           for _ in range(4)]
     assert all(p.wait(timeout=60) == 0 for p in ps)
     assert node_counters.read(md)["requeues"] == 80
