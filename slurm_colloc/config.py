@@ -53,7 +53,6 @@ DEPRECATED: dict[str, str] = {
 """Keys colloc no longer knows: a file that sets one still loads, with a warning."""
 
 
-@dataclass(frozen=True)
 OVERRIDABLE = ("cuda_context_mib", "mps_server_mib", "gpu_reserved_mib", "gpu_memory_mib")
 """Keys a ``[gpu_types."MODEL"]`` or ``[nodes."HOSTLIST"]`` table may set (``gpu_memory_mib``
 in node tables only: a GPU model's memory is what the backend reports)."""
@@ -74,6 +73,7 @@ class GpuOverride:
         return {k: v for k in OVERRIDABLE if (v := getattr(self, k)) is not None}
 
 
+@dataclass(frozen=True)
 class CollocConfig:
     """Site configuration. Field comments are the documentation of each key."""
 
@@ -119,7 +119,6 @@ class CollocConfig:
     gpu_reserved_mib: int = 0
     """Memory the driver keeps on each GPU. 0: what the backend reports (NVML's
     ``nvmlDeviceGetMemoryInfo_v2`` reserved, the sim's spec); set it to override."""
-
     gpu_types: dict[str, GpuOverride] = field(default_factory=dict)
     """Per GPU model overrides of ``cuda_context_mib``, ``mps_server_mib`` and
     ``gpu_reserved_mib``, one table per model, named as the GPU backend reports it
@@ -147,6 +146,7 @@ class CollocConfig:
 
     A node named by two tables is refused (which one wins would be a guess). A node
     table wins over its GPUs' ``gpu_types`` table, which wins over the global key."""
+
     # --- Compute admission: SM activity as a second dimension of shards --------------
     sm_capacity_pct: int = 0
     """Summed SM activity (DCGM SMACT, %) one GPU's jobs may be expected to have.
@@ -337,24 +337,6 @@ def _check_value(name: str, hint: Any, value: Any) -> Any:
     raise ConfigError(f"{name}: unsupported type {hint!r}")  # pragma: no cover
 
 
-def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocConfig:
-    """Build a config from parsed TOML, rejecting unknown keys and wrong types."""
-    hints = get_type_hints(CollocConfig, include_extras=False)
-    known = {f.name for f in dataclasses.fields(CollocConfig)}
-    for key in sorted(set(data) & set(DEPRECATED)):
-        warnings.warn(f"{origin}: {key} is deprecated and ignored: {DEPRECATED[key]}",
-                      ConfigWarning, stacklevel=2)
-    data = {k: v for k, v in data.items() if k not in DEPRECATED}  # a copy: popped below
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(
-            f"{origin}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-        )
-    values = {k: _check_value(f"{origin}: {k}", hints[k], v) for k, v in data.items()}
-    cfg = CollocConfig(**values)
-    if cfg.shard_mib < 64:
-        raise ConfigError(f"{origin}: shard_mib = {cfg.shard_mib}: must be at least 64 MiB")
-    if not 0 <= cfg.active_thread_percentage <= 100:
 def gpu_model_key(name: str) -> str:
     """How ``gpu_types`` names and backend model names are compared."""
     return " ".join(name.split()).casefold()
@@ -400,6 +382,27 @@ def _override_tables(origin: str, key: str, data: Any) -> dict[str, GpuOverride]
     return out
 
 
+def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocConfig:
+    """Build a config from parsed TOML, rejecting unknown keys and wrong types."""
+    hints = get_type_hints(CollocConfig, include_extras=False)
+    known = {f.name for f in dataclasses.fields(CollocConfig)}
+    for key in sorted(set(data) & set(DEPRECATED)):
+        warnings.warn(f"{origin}: {key} is deprecated and ignored: {DEPRECATED[key]}",
+                      ConfigWarning, stacklevel=2)
+    data = {k: v for k, v in data.items() if k not in DEPRECATED}  # a copy: popped below
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
+    tables: dict[str, Any] = {k: _override_tables(origin, k, data.pop(k))
+              for k in ("gpu_types", "nodes") if k in data}
+    values = {k: _check_value(f"{origin}: {k}", hints[k], v) for k, v in data.items()}
+    values.update(tables)
+    cfg = CollocConfig(**values)
+    if cfg.shard_mib < 64:
+        raise ConfigError(f"{origin}: shard_mib = {cfg.shard_mib}: must be at least 64 MiB")
+    if not 0 <= cfg.active_thread_percentage <= 100:
         raise ConfigError(f"{origin}: active_thread_percentage must be 0..100")
     if cfg.sm_capacity_pct > MAX_SM_CAPACITY_PCT:
         raise ConfigError(f"{origin}: sm_capacity_pct = {cfg.sm_capacity_pct}: must be at most "
@@ -413,10 +416,7 @@ def _override_tables(origin: str, key: str, data: Any) -> dict[str, GpuOverride]
                                         and cfg.prometheus_textfile.endswith(".prom")):
         raise ConfigError(f"{origin}: prometheus_textfile = {cfg.prometheus_textfile!r}: "
                           "must be an absolute path ending in .prom (node_exporter reads "
-    tables: dict[str, Any] = {k: _override_tables(origin, k, data.pop(k))
-              for k in ("gpu_types", "nodes") if k in data}
                           "only *.prom files) or empty")
-    values.update(tables)
     if cfg.collector_unit and not _UNIT_NAME.fullmatch(cfg.collector_unit):
         raise ConfigError(f"{origin}: collector_unit = {cfg.collector_unit!r}: must be a "
                           "systemd unit name (letters, digits, ':-_.@', ending in "
@@ -472,11 +472,11 @@ def dump(cfg: CollocConfig) -> str:
             lines.append(f"{f.name} = {v}")
         else:
             lines.append(f'{f.name} = "{v}"')
-    if cfg.extra:
-        lines.append("\n[extra]")
-        lines.extend(f'{k} = "{v}"' for k, v in sorted(cfg.extra.items()))
-    return "\n".join(lines) + "\n"
     for key in ("gpu_types", "nodes"):
         for name, o in getattr(cfg, key).items():
             lines.append(f"\n[{key}.{json.dumps(name)}]")
             lines.extend(f"{k} = {v}" for k, v in o.values().items())
+    if cfg.extra:
+        lines.append("\n[extra]")
+        lines.extend(f'{k} = "{v}"' for k, v in sorted(cfg.extra.items()))
+    return "\n".join(lines) + "\n"

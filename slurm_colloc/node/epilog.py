@@ -264,9 +264,9 @@ def _shards_per_gpu_or_fallback(
         if rec.shards > 0:
             return rec.shards
     from slurm_colloc.gpu.budget import config_budget
+    from slurm_colloc.gpu_settings import effective, local_node
 
     site_budget = config_budget(effective(cfg, node=local_node(), model=None))  # no model
-    from slurm_colloc.gpu_settings import effective, local_node
     if site_budget is not None and site_budget.shards_per_gpu > 0:
         return site_budget.shards_per_gpu
     result.errors.append("shards per GPU unknown: the job is treated as having a whole GPU")

@@ -365,9 +365,9 @@ def check_gpus(cfg: CollocConfig, gres_conf: Path | None = None) -> list[Finding
     from slurm_colloc.gpu.identity import GpuIdentityError, GpuMap
     from slurm_colloc.gpu.nvml import NvmlBackend
     from slurm_colloc.gpu.select import backend_from_config
+    from slurm_colloc.gpu_settings import describe, local_node
 
     try:
-    from slurm_colloc.gpu_settings import describe, local_node
         backend = backend_from_config(cfg, with_dcgm=False)
     except GpuBackendError as e:
         return [_no_backend(cfg, str(e))]
@@ -385,11 +385,11 @@ def check_gpus(cfg: CollocConfig, gres_conf: Path | None = None) -> list[Finding
                                else "") for i, g in enumerate(gmap.gpus))))
         for i, g in enumerate(gmap.gpus):
             b = budget_of(cfg, g)
-            try:
-                b.check()
             if cfg.gpu_types or cfg.nodes:  # say which table each overhead came from
                 f.append(Finding("ok", f"GPU {i} settings", f"{g.name} on {local_node()}: "
                                  + describe(cfg, node=local_node(), model=g.name)))
+            try:
+                b.check()
             except BudgetError as e:
                 f.append(Finding("fail", f"GPU {i} memory budget", str(e)))
         if gres_conf is not None and gres_conf.exists():
