@@ -203,6 +203,11 @@ class CollocConfig:
     ``auto``: 3 where ``mps_control -p 3 -h`` offers it, else 2. The default stays 2
     until ``colloc selftest --gpu`` has passed on the site's r615 nodes: v3 support is
     written against NVIDIA's documentation only."""
+    chain_task_prolog: str = ""
+    """The site's own TaskProlog, run by colloc's (slurm.conf takes one TaskProlog):
+    absolute path of a root-owned executable no one else may write. It runs first, as
+    the job's user; its ``export``/``unset``/``print`` lines reach Slurm before colloc's
+    and its non-zero exit status fails the task as it would alone. Empty: none."""
 
     # --- OOM recovery ------------------------------------------------------------------
     requeue_on_oom: bool = True
@@ -409,6 +414,9 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
                           f"{MAX_SM_CAPACITY_PCT} (0 turns compute admission off)")
     if cfg.sm_prior_pct > 100:
         raise ConfigError(f"{origin}: sm_prior_pct = {cfg.sm_prior_pct}: must be 0..100")
+    if cfg.chain_task_prolog and not os.path.isabs(cfg.chain_task_prolog):
+        raise ConfigError(f"{origin}: chain_task_prolog = {cfg.chain_task_prolog!r}: must "
+                          "be an absolute path (Slurm runs task prologs without PATH)")
     if not os.path.isabs(cfg.compute_history_file):
         raise ConfigError(f"{origin}: compute_history_file = {cfg.compute_history_file!r}: "
                           "must be an absolute path (slurmctld reads it)")

@@ -104,18 +104,32 @@ def epilog_context(
 
 
 def task_prolog_main(env: Mapping[str, str]) -> int:
-    """TaskProlog: print the export lines the prolog prepared."""
+    """TaskProlog: the site's own first (``chain_task_prolog``), then the export lines
+    the prolog prepared.
+
+    The exit status is the site's script's (Slurm fails the task on non-zero, as it
+    would with the site's script alone); colloc's own errors never fail the task.
+    """
+    from slurm_colloc.node.chain import run_site_task_prolog
     from slurm_colloc.node.task_prolog import export_lines
 
+    status = 0
     try:
         cfg = cfgmod.load()
+        task_env = dict(env)
+        if cfg.chain_task_prolog:
+            site = run_site_task_prolog(cfg.chain_task_prolog, env)
+            sys.stdout.write("".join(f"{ln}\n" for ln in site.lines))
+            sys.stdout.flush()
+            status = site.status
+            task_env.update(site.exported())  # the site's exports count as the user's
         if "task_prolog" in cfg.extra.get(FAULT_KEY, "").split(","):
             raise InjectedFault("task_prolog: injected fault")
-        lines = export_lines(cfg.mps_root, int(env["SLURM_JOB_ID"]))
+        lines = export_lines(cfg.mps_root, int(env["SLURM_JOB_ID"]), task_env)
         sys.stdout.write("".join(f"{ln}\n" for ln in lines))
     except Exception as e:  # noqa: BLE001 - a TaskProlog error must not fail the task
         sys.stdout.write(f"print colloc: task prolog: internal error, no MPS settings: {e}\n")
-    return 0
+    return status
 
 
 def epilog_main(env: Mapping[str, str]) -> int:

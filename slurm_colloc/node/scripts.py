@@ -5,7 +5,9 @@ and ``colloc-epilog`` (Epilog, root); contracts in docs/node.md. They live in th
 package so that a wheel install has them (the ``prolog/`` and ``epilog/`` files of the
 source tree are shims over these). Each is the last line of defence: whatever goes
 wrong, it exits 0, because a non-zero Prolog or Epilog drains the node and a failing
-TaskProlog fails the task, which we never want for an error of our own.
+TaskProlog fails the task, which we never want for an error of our own. (The one
+exception is not ours: a site TaskProlog that colloc's runs first, colloc.conf
+``chain_task_prolog``, keeps its exit status, :mod:`slurm_colloc.node.chain`.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def prolog() -> int:
 
 
 def task_prolog() -> int:
-    """TaskProlog: print the ``export`` lines the prolog prepared (see task_prolog.py)."""
+    """TaskProlog: the site's chained TaskProlog, then the ``export`` lines the prolog
+    prepared (see task_prolog.py and chain.py)."""
     job = os.environ.get("SLURM_JOB_ID", "?")
     try:
         from slurm_colloc.node.entry import task_prolog_main
