@@ -14,6 +14,7 @@ from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.site import doctor as doctor_mod
 from slurm_colloc.site import install as site
 from slurm_colloc.site import releases
+from slurm_colloc.site.chain import read_hooks
 
 slurm_conf_option = click.option(
     "--slurm-conf", type=click.Path(path_type=Path), default=None,
@@ -102,9 +103,14 @@ def _site_settings(cfg: config_mod.CollocConfig, conf: Path, gpu_memory_mib: tup
               help="The site's own job_submit.lua: embedded into colloc's (Slurm loads only "
                    "one), its slurm_job_submit/slurm_job_modify run first and a refusal of "
                    "theirs stands. Re-run install after changing it.")
+@click.option("--chain-cli-filter", "cli_chain_path", default=None,
+              type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="The site's own cli_filter.lua: embedded into colloc's (Slurm loads only "
+                   "one), its slurm_cli_* functions run first and a failure of theirs "
+                   "stands. Re-run install after changing it.")
 def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, ...],
             slurm_include: Path | None, apply_: bool, force: bool,
-            chain_path: Path | None) -> None:
+            chain_path: Path | None, cli_chain_path: Path | None) -> None:
     """Print (dry run) or, with --apply, write the site set-up, per role.
 
     A dry run by default: on a real controller a surprise write next to slurm.conf is
@@ -115,9 +121,11 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     release = _supported_release()
     try:
         chain = site.load_site_job_submit(chain_path) if chain_path else None
+        cli_chain = site.load_site_cli_filter(cli_chain_path) if cli_chain_path else None
     except site.InstallError as e:
         raise click.ClickException(str(e)) from e
     settings, types = _site_settings(cfg, conf, gpu_memory_mib)
+    hooks = read_hooks(conf)  # the site's own Prolog/Epilog/plugin lists are kept
     try:
         headers: Path | None = site.find_spank_header(slurm_include)
         missing = ""
@@ -125,13 +133,14 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
         headers, missing = None, str(e)
     if not apply_:
         click.echo(site.render_plan(conf.parent, lib_dir, settings, types, headers=headers,
-                                    chain=chain, slurm_release=release), nl=False)
+                                    chain=chain, slurm_release=release, hooks=hooks,
+                                    cli_chain=cli_chain), nl=False)
         if missing:
             click.echo(f"\nwarning: {missing}")
         return
     try:
         res = site.install(conf.parent, lib_dir, settings, force=force, include=slurm_include,
-                           chain=chain, slurm_release=release)
+                           chain=chain, slurm_release=release, cli_chain=cli_chain)
     except site.InstallError as e:
         raise click.ClickException(str(e)) from e
     for p in res.written:
@@ -144,7 +153,7 @@ def install(slurm_conf: Path | None, lib_dir: Path, gpu_memory_mib: tuple[int, .
     for line in site.scope_lines(settings, chain):
         click.echo(line)
     click.echo(f"\n# add to {conf} (then: scontrol reconfigure)")
-    for line in site.site_slurm_conf(conf.parent):
+    for line in site.site_slurm_conf(conf.parent, hooks=hooks):
         click.echo(line)
     for note in res.notes:
         click.echo(f"note: {note}")

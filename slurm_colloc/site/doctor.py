@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 
 from slurm_colloc import __version__
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.node.chain import untrusted as untrusted_task_prolog
+from slurm_colloc.site import chain as site_hooks
 from slurm_colloc.site.finding import Finding as Finding
 from slurm_colloc.site.finding import Level
-from slurm_colloc.site.install import MARKER, PLUGIN_NAME
+from slurm_colloc.site.install import MARKER, NODE_SCRIPTS, PLUGIN_NAME
 from slurm_colloc.site.releases import SlurmRelease, plugin_release
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmCli, SlurmError
 
@@ -460,7 +462,7 @@ def check_node(cfg: CollocConfig, slurm_conf: Path | None = None,
     from slurm_colloc.site.doctor_collector import check_collector, check_collector_unit
 
     return [
-        check_mps_control(cfg), *check_wiring(slurm_conf), check_mps_root(cfg),
+        check_mps_control(cfg), *check_wiring(slurm_conf, cfg), check_mps_root(cfg),
         *check_dirs(cfg), *check_collector(cfg), *check_collector_unit(cfg),
         *check_dcgm(cfg),
         *check_containers(cfg, slurm_conf), *check_scripts(slurm_conf),
@@ -487,27 +489,46 @@ def check_mps_control(cfg: CollocConfig) -> Finding:
     return Finding(level, "MPS control", detail)
 
 
-def check_wiring(slurm_conf: Path | None) -> list[Finding]:
-    """slurm.conf's Prolog/TaskProlog/Epilog are executables here; PrologFlags=Alloc."""
+def check_wiring(slurm_conf: Path | None, cfg: CollocConfig | None = None) -> list[Finding]:
+    """slurm.conf's Prolog/TaskProlog/Epilog are executables here; PrologFlags=Alloc.
+
+    A site's own Prolog/Epilog lines beside colloc's are fine (slurmd runs them all);
+    so is a site TaskProlog chained by colloc's (``chain_task_prolog``), which must
+    be root's alone.
+    """
     if slurm_conf is None or not slurm_conf.exists():
         return []
-    f: list[Finding] = []
-    conf = read_conf(slurm_conf)
-    for key in ("prolog", "taskprolog", "epilog"):
-        path = conf.get(key, "")
-        if not path:
-            f.append(Finding("fail", f"slurm.conf {key}", "not set: see `colloc admin "
-                             "install` for the line"))
-        elif not os.access(path, os.X_OK):
-            f.append(Finding("fail", f"slurm.conf {key}", f"{path} is not an executable "
-                             "on this node"))
-        else:
-            f.append(Finding("ok", f"slurm.conf {key}", path))
-    flags = {x.strip().lower() for x in conf.get("prologflags", "").split(",")}
+    hooks = site_hooks.read_hooks(slurm_conf)
+    f = [_wiring(hooks, key, name) for key, name in NODE_SCRIPTS.items()]
+    if cfg is not None and cfg.chain_task_prolog:
+        why = untrusted_task_prolog(cfg.chain_task_prolog)
+        f.append(Finding("fail", "chain_task_prolog", f"{why}: every task on this node "
+                         "fails until it is fixed") if why else
+                 Finding("ok", "chain_task_prolog", f"{cfg.chain_task_prolog} (runs first)"))
+    flags = {x.strip().lower() for x in (hooks.get("prologflags") or [""])[-1].split(",")}
     f.append(Finding("ok", "PrologFlags", ",".join(sorted(flags))) if "alloc" in flags
              else Finding("fail", "PrologFlags", "PrologFlags=Alloc,Contain: the prolog "
                           "must run at allocation, before any step"))
     return f
+
+
+def _wiring(hooks: site_hooks.Hooks, key: str, name: str) -> Finding:
+    """One node script key: set, every program executable here, colloc's among them."""
+    what = f"slurm.conf {key.lower()}"
+    paths = site_hooks.node_scripts(hooks, key)
+    if not paths:
+        return Finding("fail", what, "not set: see `colloc admin install` for the line")
+    bad = [p for p in paths if not os.access(p, os.X_OK)]
+    if bad:
+        return Finding("fail", what, f"{', '.join(bad)}: not an executable on this node")
+    ours = site_hooks.colloc_among(paths, name)
+    if ours is None:
+        return Finding("warn", what, f"{', '.join(paths)}: none is colloc's {name} "
+                       f"(add a {key}= line for it: `colloc admin install`)")
+    if len(paths) == 1:
+        return Finding("ok", what, ours)
+    return Finding("ok", what, f"{ours}, beside the site's "
+                   f"{', '.join(p for p in paths if p != ours)}")
 
 
 def check_mps_root(cfg: CollocConfig) -> Finding:
@@ -770,9 +791,11 @@ def check_scripts(slurm_conf: Path | None = None, *, which: Which = shutil.which
     targets: list[tuple[str, Path | None]] = [(n, Path(p) if (p := which(n)) else None)
                                               for n in ("colloc", "colloc-report")]
     if slurm_conf is not None and slurm_conf.exists():
-        conf = read_conf(slurm_conf)
-        targets += [(f"slurm.conf {k} version", Path(conf[k]))
-                    for k in ("prolog", "taskprolog", "epilog") if conf.get(k)]
+        hooks = site_hooks.read_hooks(slurm_conf)
+        for key, name in NODE_SCRIPTS.items():
+            ours = site_hooks.colloc_among(site_hooks.node_scripts(hooks, key), name)
+            if ours:  # a site's own script beside it has no colloc version to check
+                targets.append((f"slurm.conf {key.lower()} version", Path(ours)))
     for name, path in targets:
         if path is None:
             out.append(Finding("warn", f"{name} on PATH", f"not found: users here need it; "

@@ -23,6 +23,7 @@ from typing import Any
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuInfo
 from slurm_colloc.gpu.budget import budget, budget_of
+from slurm_colloc.site import chain as site_hooks
 from slurm_colloc.site.releases import (
     SUPPORTED_RANGE,
     SlurmRelease,
@@ -123,30 +124,52 @@ def _lua51_syntax_error(text: str, name: str) -> str | None:
     return None
 
 
-def check_site_job_submit(text: str, name: str) -> SiteScript:
-    """The site's script, or :class:`InstallError` saying why it cannot be chained."""
+_DEFINES_CLI = re.compile(
+    r"(?m)^[ \t]*(?:function[ \t]+slurm_cli_(?:setup_defaults|pre_submit|post_submit)[ \t]*\("
+    r"|slurm_cli_(?:setup_defaults|pre_submit|post_submit)[ \t]*=[ \t]*function\b)")
+
+
+def _check_site_lua(text: str, name: str, kind: str, defines: re.Pattern[str],
+                    entry: str) -> SiteScript:
+    """A site's ``kind`` script (job_submit.lua, cli_filter.lua) fit to be embedded."""
     if "\0" in text:
         raise InstallError(f"{name}: not a Lua script (it holds NUL bytes)")
-    if "job_submit.lua of slurm-colloc" in text:
-        raise InstallError(
-            f"{name} is colloc's own job_submit.lua; chain the site's original script")
+    if f"{kind} of slurm-colloc" in text:
+        raise InstallError(f"{name} is colloc's own {kind}; chain the site's original script")
     err = _lua51_syntax_error(text, name)
     if err:
         raise InstallError(f"{name} is not valid Lua 5.1 (Debian's Slurm runs Lua 5.1): {err}")
-    if not _DEFINES_SUBMIT.search(text):
-        raise InstallError(
-            f"{name} defines no slurm_job_submit (a global `function slurm_job_submit(...)`): "
-            "not a job_submit.lua to chain")
+    if not defines.search(text):
+        raise InstallError(f"{name} defines no {entry} (a global `function {entry}(...)`): "
+                           f"not a {kind} to chain")
     return SiteScript(name, text)
+
+
+def check_site_job_submit(text: str, name: str) -> SiteScript:
+    """The site's script, or :class:`InstallError` saying why it cannot be chained."""
+    return _check_site_lua(text, name, "job_submit.lua", _DEFINES_SUBMIT, "slurm_job_submit")
+
+
+def check_site_cli_filter(text: str, name: str) -> SiteScript:
+    """The site's cli_filter.lua, or :class:`InstallError` saying why it cannot be chained."""
+    return _check_site_lua(text, name, "cli_filter.lua", _DEFINES_CLI, "slurm_cli_pre_submit")
+
+
+def _read_site_lua(path: Path, option: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InstallError(f"{option} {path}: cannot read it: {e}") from e
 
 
 def load_site_job_submit(path: Path) -> SiteScript:
     """Read and check a site's job_submit.lua for ``--chain-job-submit``."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InstallError(f"--chain-job-submit {path}: cannot read it: {e}") from e
-    return check_site_job_submit(text, str(path))
+    return check_site_job_submit(_read_site_lua(path, "--chain-job-submit"), str(path))
+
+
+def load_site_cli_filter(path: Path) -> SiteScript:
+    """Read and check a site's cli_filter.lua for ``--chain-cli-filter``."""
+    return check_site_cli_filter(_read_site_lua(path, "--chain-cli-filter"), str(path))
 
 
 @dataclass(frozen=True)
@@ -326,8 +349,13 @@ def render_job_submit(s: SiteSettings, chain: SiteScript | None = None) -> str:
         ],
         "job_submit.lua",
     )
+    return _embed_chain(text, chain, "job_submit.lua")
+
+
+def _embed_chain(text: str, chain: SiteScript | None, kind: str) -> str:
+    """``text`` with the site's script written in at its chain marker (or none)."""
     if text.count(_CHAIN_MARKER) != 1:
-        raise InstallError("job_submit.lua: chain marker not found (damaged package?)")
+        raise InstallError(f"{kind}: chain marker not found (damaged package?)")
     if chain is not None:
         block = (f"-- chained: {chain.path}, embedded by colloc admin install\n"
                  f"SITE_CHAIN = {{ name = {_lua_string(chain.path)}, "
@@ -336,9 +364,10 @@ def render_job_submit(s: SiteSettings, chain: SiteScript | None = None) -> str:
     return text
 
 
-def render_cli_filter(s: SiteSettings) -> str:
-    """cli_filter.lua with the estimator's absolute path and timeout."""
-    return _with_settings(
+def render_cli_filter(s: SiteSettings, chain: SiteScript | None = None) -> str:
+    """cli_filter.lua with the estimator's absolute path and timeout (and the site's
+    own script, chained)."""
+    text = _with_settings(
         _source("lua", "cli_filter.lua"),
         [
             f"estimator = {_lua_string(s.estimator)}",
@@ -347,6 +376,7 @@ def render_cli_filter(s: SiteSettings) -> str:
         ],
         "cli_filter.lua",
     )
+    return _embed_chain(text, chain, "cli_filter.lua")
 
 
 def plugstack_line(plugin: Path) -> str:
@@ -542,7 +572,7 @@ def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
 def install(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, *, force: bool = False,
     cc: str | None = None, include: Path | None = None, chain: SiteScript | None = None,
-    slurm_release: SlurmRelease | None = None,
+    slurm_release: SlurmRelease | None = None, cli_chain: SiteScript | None = None,
 ) -> InstallResult:
     """Build the plugin into ``lib_dir``; write the Lua filters and plugstack drop-in.
 
@@ -552,32 +582,24 @@ def install(
     when missing, and left alone with a note when it exists without that include.
     ``chain``: the site's own job_submit.lua, embedded to run first; when it is the
     file being replaced, a copy is kept as ``job_submit.lua.pre-colloc``.
+    ``cli_chain``: the same for the site's cli_filter.lua (``cli_filter.lua.pre-colloc``).
     ``slurm_release``: the release this site runs (``colloc admin install`` detects
     it); headers of another major release are refused before anything is written.
     """
     res = InstallResult()
     js_text = render_job_submit(settings, chain)  # before building: fail early
+    cf_text = render_cli_filter(settings, cli_chain)
     if slurm_release is not None:
         check_headers_match(find_spank_header(include), slurm_release)
     conf_dir.mkdir(parents=True, exist_ok=True)
     plugin = build_spank_plugin(lib_dir / PLUGIN_NAME, cc=cc, include=include)
     res.written.append(plugin)
     res.plugin_release = plugin_release(plugin.read_bytes())  # what doctor will read
-    js = conf_dir / "job_submit.lua"
-    js_force = force
-    if chain is not None and js.exists() and js.resolve() == Path(chain.path).resolve():
-        backup = conf_dir / "job_submit.lua.pre-colloc"
-        if not backup.exists():
-            shutil.copy2(js, backup)
-            res.written.append(backup)
-        js_force = True  # the admin named it: it lives on inside colloc's
-        res.notes.append(f"{js} now holds the site's script chained before colloc's; "
-                         f"the original is kept as {backup}")
-    for path, text, frc in (
-        (js, js_text, js_force),
-        (conf_dir / "cli_filter.lua", render_cli_filter(settings), force),
+    for path, text, site_script in (
+        (conf_dir / "job_submit.lua", js_text, chain),
+        (conf_dir / "cli_filter.lua", cf_text, cli_chain),
     ):
-        _write(path, text, force=frc)
+        _write(path, text, force=force or _keep_chained(path, site_script, res))
         res.written.append(path)
     dropin = plugstack_dropin(conf_dir)
     dropin.parent.mkdir(exist_ok=True)
@@ -592,6 +614,20 @@ def install(
         res.notes.append(f"add this line to {plugstack}: {include_line}")
     res.slurm_conf_lines = slurm_conf_lines(conf_dir, plugstack)
     return res
+
+
+def _keep_chained(path: Path, chain: SiteScript | None, res: InstallResult) -> bool:
+    """Whether ``path`` is the site's script the admin chained (it may be replaced: it
+    lives on inside colloc's); a copy is kept as ``<name>.pre-colloc``."""
+    if chain is None or not path.exists() or path.resolve() != Path(chain.path).resolve():
+        return False
+    backup = path.with_name(f"{path.name}.pre-colloc")
+    if not backup.exists():
+        shutil.copy2(path, backup)
+        res.written.append(backup)
+    res.notes.append(f"{path} now holds the site's script chained before colloc's; "
+                     f"the original is kept as {backup}")
+    return True
 
 
 def plugstack_dropin(conf_dir: Path) -> Path:
@@ -626,9 +662,15 @@ def node_script_paths(bin_dir: Path | None = None) -> dict[str, Path]:
     return {k: d / v for k, v in NODE_SCRIPTS.items()}
 
 
-def site_slurm_conf(conf_dir: Path, bin_dir: Path | None = None) -> list[str]:
-    """Everything slurm.conf needs, with ``#`` lines saying why where it is not obvious."""
+def site_slurm_conf(conf_dir: Path, bin_dir: Path | None = None,
+                    hooks: site_hooks.Hooks | None = None) -> list[str]:
+    """Everything slurm.conf needs, with ``#`` lines saying why where it is not obvious.
+
+    ``hooks``: the site's slurm.conf as it is (:func:`slurm_colloc.site.chain.read_hooks`):
+    its own Prolog/Epilog lines and plugin lists are kept, colloc's added beside them.
+    """
     scripts = node_script_paths(bin_dir)
+    h = hooks or {}
     return [
         "SelectType=select/cons_tres",
         "# LL_SHARED_GRES (23.11+): a shard job goes to the node's least-loaded GPU, so",
@@ -637,12 +679,14 @@ def site_slurm_conf(conf_dir: Path, bin_dir: Path | None = None) -> list[str]:
         "# free longer. Keep your site's CR_* value and append LL_SHARED_GRES",
         SELECT_TYPE_PARAMETERS,
         "GresTypes=gpu,shard",
-        *slurm_conf_lines(conf_dir),
-        *(f"{k}={v}" for k, v in scripts.items()),
+        *slurm_conf_lines(conf_dir)[:1],
+        *site_hooks.list_line(h, "CliFilterPlugins", ["lua"]),
+        *site_hooks.list_line(h, "JobSubmitPlugins", ["lua"]),
+        *site_hooks.node_script_lines(h, scripts),
         "# Alloc: the prolog runs when the job is allocated (it starts the job's MPS",
         "# client limits before any step); Contain: the job's cgroup exists from the",
         "# start, so the hard GPU-memory limit holds every process of the job",
-        "PrologFlags=Alloc,Contain",
+        *site_hooks.list_line(h, "PrologFlags", ["Alloc", "Contain"]),
         "# also needed: ProctrackType=proctrack/cgroup, and in cgroup.conf",
         "# ConstrainDevices=yes (a shard job sees only its GPU's device file);",
         f"# on 26.05+ also {CGROUP_JOB_ID_PATHS} in cgroup.conf: the prolog finds the job's",
@@ -709,15 +753,19 @@ def render_plan(
     conf_dir: Path, lib_dir: Path, settings: SiteSettings, types: Sequence[NodeType] = (),
     *, bin_dir: Path | None = None, headers: Path | str | None = None,
     chain: SiteScript | None = None, slurm_release: SlurmRelease | None = None,
+    hooks: site_hooks.Hooks | None = None, cli_chain: SiteScript | None = None,
 ) -> str:
-    """The whole site set-up as text, per role: what ``--apply`` writes, what to add."""
+    """The whole site set-up as text, per role: what ``--apply`` writes, what to add.
+
+    ``hooks``: the site's slurm.conf as it is: its hooks are kept beside colloc's.
+    """
     slurm_conf = conf_dir / "slurm.conf"
     plugin = lib_dir / PLUGIN_NAME
     out = ["# slurm-colloc site set-up (dry run: nothing written; --apply writes the files)",
            f"# shard = {settings.shard_mib} MiB; estimator (cli_filter) = {settings.estimator}",
            f"# Slurm: {slurm_release or 'not checked'} (supported: {SUPPORTED_RANGE})",
            "", f"## slurm.conf ({slurm_conf}; the same file on every host), then "
-           "`scontrol reconfigure`", BEGIN_MARK, *site_slurm_conf(conf_dir, bin_dir),
+           "`scontrol reconfigure`", BEGIN_MARK, *site_slurm_conf(conf_dir, bin_dir, hooks),
            END_MARK, ""]
     out += ["## files `colloc admin install --apply` writes (run it on the controller)"]
     out += [f"{p}  # {what}" for p, what in planned_files(conf_dir, lib_dir)]
@@ -736,7 +784,9 @@ def render_plan(
             *compute_admission_lines(settings), ""]
     out += ["## login / submit hosts",
             f"cli_filter.lua in {conf_dir}/, {plugin} and the plugstack files as above;",
-            f"colloc installed so that {settings.estimator} exists", ""]
+            f"colloc installed so that {settings.estimator} exists",
+            *([f"# chained: {cli_chain.path} (embedded; its slurm_cli_* functions run "
+               "first)"] if cli_chain else []), ""]
     out += ["## GPU nodes (slurmd)",
             f"{plugin} and the plugstack files as above;",
             *(f"{v}" + "  # must exist on every GPU node" for v in

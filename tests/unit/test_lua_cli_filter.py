@@ -11,13 +11,20 @@ import pytest
 # PUC Lua 5.1 in lupa is built without io.popen; LuaJIT 2.1 (5.1 semantics) has it.
 lupa = pytest.importorskip("lupa.luajit21", reason="lupa (dev extra) runs the Lua filters")
 
-from slurm_colloc.site.install import SiteSettings, render_cli_filter  # noqa: E402
+from slurm_colloc.site.install import (  # noqa: E402
+    InstallError,
+    SiteScript,
+    SiteSettings,
+    check_site_cli_filter,
+    render_cli_filter,
+)
 
 FAKE = Path(__file__).resolve().parents[1] / "e2e" / "data" / "fake_colloc"
 
 
 class Harness:
-    def __init__(self, estimator: Path = FAKE, timeout_s: float = 30) -> None:
+    def __init__(self, estimator: Path = FAKE, timeout_s: float = 30,
+                 chain: SiteScript | None = None) -> None:
         self.lua = lupa.LuaRuntime(unpack_returned_tuples=True)
         self.errors: list[str] = []
         fake = self.lua.eval("{}")
@@ -29,7 +36,7 @@ class Harness:
         self.lua.globals().slurm = fake
         settings = SiteSettings(shard_mib=1024, gpu_memory_mib=40960,
                                 estimator_command=str(estimator), estimate_timeout_s=timeout_s)
-        self.lua.execute(render_cli_filter(settings))
+        self.lua.execute(render_cli_filter(settings, chain))
 
     def pre_submit(self, spank: dict[str, str] | None, **opts: Any):
         options = self.lua.eval("{}")
@@ -153,3 +160,87 @@ def test_option_combinations_fail_sbatch_here(spank: dict[str, str], needle: str
     h = Harness(estimator=Path("/nonexistent"))
     rc, _ = h.pre_submit(spank)
     assert rc == -1 and needle in h.errors[0], h.errors
+
+
+# ------------------------------------------------------------------ --chain-cli-filter
+SITE_FILTER = """
+-- a site's own cli_filter.lua: a default account, a refusal, a post-submit log
+seen = {}
+function slurm_cli_setup_defaults(options, early_pass)
+	seen[#seen + 1] = "defaults"
+	options["account"] = "site-default"
+	return slurm.SUCCESS
+end
+function slurm_cli_pre_submit(options, pack_offset)
+	seen[#seen + 1] = "pre"
+	if options["comment"] == "forbidden" then
+		slurm.log_error("site: no such comment")
+		return slurm.ERROR
+	end
+	options["comment"] = (options["comment"] or "") .. " [site]"
+	return slurm.SUCCESS
+end
+function slurm_cli_post_submit(offset, job_id, step_id)
+	seen[#seen + 1] = "post:" .. tostring(job_id)
+	return slurm.SUCCESS
+end
+return slurm.SUCCESS
+"""
+
+
+def _chained(text: str = SITE_FILTER, **kw: Any) -> Harness:
+    return Harness(chain=check_site_cli_filter(text, "/etc/slurm/site_cli_filter.lua"), **kw)
+
+
+def test_chained_site_filter_runs_first_then_colloc(tmp_path: Path) -> None:
+    s = tmp_path / "m.txt"
+    s.write_text("mib=7000 margin=500\n")
+    h = _chained()
+    g = h.lua.globals()
+    opts = h.lua.eval("{}")
+    assert g.slurm_cli_setup_defaults(opts, False) == 0 and opts.account == "site-default"
+    rc, opts = h.pre_submit({"colloc": str(s), "colloc-batch-size": "32"}, comment="mine")
+    assert rc == 0, h.errors
+    # the site's change is kept and colloc's record goes in front of it
+    assert opts.comment == "colloc-estimate:v1:mib=7000,margin=500,est=fake,fp=00ff32 mine [site]"
+    assert g.slurm_cli_post_submit(0, 42, 0) == 0
+    assert list(g.seen.values()) == ["defaults", "pre", "post:42"]
+
+
+def test_chained_site_refusal_stands_and_colloc_does_not_run() -> None:
+    h = _chained(estimator=Path("/nonexistent"))
+    rc, opts = h.pre_submit({"colloc": "m.txt", "colloc-batch-size": "1"}, comment="forbidden")
+    assert rc == -1 and h.errors == ["site: no such comment"]  # colloc's estimate never ran
+    assert opts.comment == "forbidden"
+
+
+def test_chained_site_code_other_than_error_is_passed_on() -> None:
+    h = _chained("function slurm_cli_pre_submit(o, p) return 2007 end\n")
+    rc, _ = h.pre_submit(None)
+    assert rc == 2007
+    # functions the site does not define: colloc's answer alone
+    assert h.lua.globals().slurm_cli_setup_defaults(h.lua.eval("{}"), True) == 0
+
+
+def test_site_filter_that_fails_to_load_fails_every_command() -> None:
+    h = _chained("function slurm_cli_pre_submit(o, p) return 0 end\nerror('boom')\n")
+    rc, _ = h.pre_submit(None)
+    assert rc == -1
+    assert any("did not load" in e and "boom" in e for e in h.errors), h.errors
+
+
+def test_site_filter_checked_before_embedding() -> None:
+    with pytest.raises(InstallError, match="defines no slurm_cli_pre_submit"):
+        check_site_cli_filter("x = 1\n", "s.lua")
+    with pytest.raises(InstallError, match=r"not valid Lua 5\.1"):
+        check_site_cli_filter(SITE_FILTER + "if x then\n", "s.lua")
+    own = render_cli_filter(SiteSettings(shard_mib=1024, gpu_memory_mib=40960))
+    with pytest.raises(InstallError, match=r"colloc's own cli_filter\.lua"):
+        check_site_cli_filter(own, "/etc/slurm/cli_filter.lua")
+
+
+def test_site_filter_closing_brackets_survive_embedding() -> None:
+    text = "function slurm_cli_pre_submit(o, p) o.comment = ']]]=]' return 0 end\n"
+    h = _chained(text)
+    rc, opts = h.pre_submit(None)
+    assert rc == 0 and opts.comment == "]]]=]"

@@ -12,6 +12,13 @@ message. This filter is a convenience, not a security boundary: users can bypass
 and job_submit.lua treats a job without a record as "no estimate" (safe default).
 
 Site constants are written into the COLLOC table by `colloc admin install`.
+
+Chaining: Slurm loads one cli_filter.lua. `colloc admin install --chain-cli-filter PATH`
+embeds the site's own script below (SITE_CHAIN); it is loaded once with this file, and
+its slurm_cli_setup_defaults/slurm_cli_pre_submit/slurm_cli_post_submit run first: a
+non-success return of theirs is the answer, otherwise colloc's runs on the options as
+they left them. A site script that does not load fails every command (as a broken
+cli_filter.lua would), rather than letting its checks be skipped.
 --]]
 
 local COLLOC = {
@@ -20,6 +27,51 @@ local COLLOC = {
 	timeout_s = 30,
 	timeout_bin = "/usr/bin/timeout",
 }
+
+-- The site's own cli_filter.lua, embedded by `colloc admin install --chain-cli-filter`.
+local SITE_CHAIN = nil
+-- @@SITE_CHAIN@@
+
+-- Loaded once, with this file: the site's globals stay its own; its entry points are
+-- kept here and the globals given back to colloc's (defined below).
+local SITE_HOOKS = { "slurm_cli_setup_defaults", "slurm_cli_pre_submit",
+	"slurm_cli_post_submit" }
+local site_fn, site_error = {}, nil
+if SITE_CHAIN ~= nil then
+	local chunk, err = loadstring(SITE_CHAIN.text, "=" .. SITE_CHAIN.name)
+	if chunk then
+		local ok, lerr = pcall(chunk)
+		if not ok then chunk, err = nil, lerr end
+	end
+	local any = false
+	for _, name in ipairs(SITE_HOOKS) do
+		if chunk and type(_G[name]) == "function" then
+			site_fn[name] = _G[name]
+			any = true
+		end
+		_G[name] = nil
+	end
+	if not any then
+		site_error = tostring(err or "it defines no slurm_cli_* function")
+		slurm.log_error("colloc: the chained cli_filter.lua %s did not load: %s",
+			SITE_CHAIN.name, site_error)
+	end
+end
+
+-- Run the site's function `name` first; returns its code when that is the answer.
+local function run_site(name, ...)
+	if SITE_CHAIN == nil then return nil end
+	if site_error then
+		slurm.log_error("colloc: the site's cli_filter.lua (run before colloc's) did not "
+			.. "load: %s; please tell the administrators", site_error)
+		return slurm.ERROR
+	end
+	local fn = site_fn[name]
+	if not fn then return nil end
+	local rc = fn(...)
+	if type(rc) == "number" and rc ~= slurm.SUCCESS then return rc end
+	return nil
+end
 
 local MAX_OUTPUT = 65536
 local MAX_MIB = 16 * 1024 * 1024 -- as job_submit.lua
@@ -124,7 +176,7 @@ local function estimate(o)
 end
 
 function slurm_cli_setup_defaults(options, early_pass)
-	return slurm.SUCCESS
+	return run_site("slurm_cli_setup_defaults", options, early_pass) or slurm.SUCCESS
 end
 
 -- How the --colloc* options combine. Checked here, not (only) in the SPANK plugin:
@@ -151,7 +203,7 @@ local function combination_error(o)
 	return nil
 end
 
-function slurm_cli_pre_submit(options, pack_offset)
+local function colloc_pre_submit(options, pack_offset)
 	local sp = options["spank"]
 	local o = sp and sp["colloc"]
 	if type(o) ~= "table" then return slurm.SUCCESS end
@@ -177,8 +229,14 @@ function slurm_cli_pre_submit(options, pack_offset)
 	return slurm.SUCCESS
 end
 
+function slurm_cli_pre_submit(options, pack_offset)
+	local rc = run_site("slurm_cli_pre_submit", options, pack_offset)
+	if rc then return rc end
+	return colloc_pre_submit(options, pack_offset)
+end
+
 function slurm_cli_post_submit(offset, job_id, step_id)
-	return slurm.SUCCESS
+	return run_site("slurm_cli_post_submit", offset, job_id, step_id) or slurm.SUCCESS
 end
 
 return slurm.SUCCESS
