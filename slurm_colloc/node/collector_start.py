@@ -22,7 +22,8 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 
-log = logging.getLogger("colloc.node.collector_start")
+log = logging.getLogger("colloc.node.prolog.collector_start")
+"""A child of the prolog's logger: the fallback lands in the prolog's log (log_file)."""
 
 SYSTEMCTL_PATHS = ("/usr/bin/systemctl", "/bin/systemctl")
 BOOTED_MARK = "/run/systemd/system"

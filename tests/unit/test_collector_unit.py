@@ -5,11 +5,12 @@ detached start), the doctor's check of the unit, and ``--stay`` (no idle exit)."
 from __future__ import annotations
 
 import configparser
+import logging
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +34,11 @@ def _parse(text: str) -> configparser.ConfigParser:
 
 
 # ------------------------------------------------------------------ the unit ---
+
+
+def test_the_fallback_lands_in_the_prolog_log() -> None:
+    prolog = logging.getLogger("colloc.node.prolog")
+    assert cs.log.parent is prolog
 
 
 def test_the_rendered_unit_runs_this_install_and_restarts_on_failure() -> None:
@@ -139,25 +145,45 @@ def test_systemd_starts_the_unit_without_blocking_and_nothing_is_spawned() -> No
     assert spawned == [] and "systemd" in got
 
 
-def test_a_failing_systemctl_falls_back_to_the_detached_start_and_says_so(caplog) -> None:
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def logged() -> Iterator[list[str]]:
+    """What start_collector logs (the prolog's logger does not propagate to root)."""
+    h = _Lines()
+    cs.log.addHandler(h)
+    try:
+        yield h.lines
+    finally:
+        cs.log.removeHandler(h)
+
+
+def test_a_failing_systemctl_falls_back_to_the_detached_start_and_says_so(logged) -> None:
     spawned: list[int] = []
     ctl = FakeSystemctl(5, "Failed to start colloc-collector.service: Unit not found.")
     got = cs.start_collector("colloc-collector.service", lambda: spawned.append(1),
                              systemctl="/bin/systemctl", run=ctl)
     assert spawned == [1] and len(ctl.calls) == 1
     assert "detached" in got and "exit 5" in got and "Unit not found" in got
-    assert any("starting the collector detached" in r.getMessage() for r in caplog.records)
+    assert any("starting the collector detached" in m for m in logged)
 
 
 def test_no_systemd_falls_back_without_calling_systemctl(tmp_path: Path, monkeypatch,
-                                                         caplog) -> None:
+                                                         logged) -> None:
     spawned: list[int] = []
     ctl = FakeSystemctl(0)
     assert cs.find_systemctl(booted_mark=str(tmp_path / "no-run-systemd")) is None
     monkeypatch.setattr(cs, "find_systemctl", lambda *a, **k: None)
     got = cs.start_collector("colloc-collector.service", lambda: spawned.append(1), run=ctl)
     assert spawned == [1] and ctl.calls == [] and "no systemd" in got
-    assert any("no systemd" in r.getMessage() for r in caplog.records)
+    assert any("no systemd" in m for m in logged)
 
 
 def test_find_systemctl_needs_a_booted_systemd_and_an_executable(tmp_path: Path) -> None:
