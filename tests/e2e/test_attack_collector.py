@@ -189,3 +189,8 @@ def test_a_dead_collector_is_restarted_and_the_report_says_when_it_was_off(
     spans = att.get("unenforced")
     assert isinstance(spans, list) and spans, att
     assert sum(b - a for a, b in spans) >= 12, spans
+    # the epilog kept the hole in the job's sampling in its record (issue 26 item 4)
+    smp = att.get("sampling")
+    assert isinstance(smp, dict) and smp.get("source") == "record", att
+    gaps = [g for g in smp["gaps"] if g["cause"] == "collector"]
+    assert gaps and sum(g["to"] - g["from"] for g in gaps) >= 12, smp
