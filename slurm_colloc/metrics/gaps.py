@@ -110,14 +110,18 @@ def sampling_gaps(rows: Sequence[store.Row], start: float, end: float, interval:
 
 
 def collector_down(metrics_dir: str, start: float, end: float,
-                   now: float | None = None) -> list[Span]:
-    """When no collector ran on this node during ``[start, end]``, as far as root's
-    records tell: the events file's gaps, and, when no collector holds the lock now,
-    the time since its last completed sample (its heartbeat): a supervisor killed
-    with SIGKILL writes no event, and the events file only notices after
-    :data:`~.liveness.STALE_AFTER_S`."""
+                   now: float | None = None, stall_s: float = 60.0) -> list[Span]:
+    """When no collector sampled on this node during ``[start, end]``, as far as root's
+    records tell: the events file's gaps; the ``stall_s`` before each ``stalled``
+    event (the worker ran but sampled nothing until its supervisor killed it); and,
+    when no collector holds the lock now, the time since its last completed sample
+    (its heartbeat): a supervisor killed with SIGKILL writes no event, and the events
+    file only notices after :data:`~.liveness.STALE_AFTER_S`."""
     now = time.time() if now is None else now
-    down = list(liveness.gaps(liveness.read_events(metrics_dir), start, end, now) or [])
+    events = liveness.read_events(metrics_dir)
+    down = list(liveness.gaps(events, start, end, now) or [])
+    down += [(max(start, e.t - stall_s), min(end, e.t)) for e in events
+             if e.kind == liveness.STALLED and start < e.t and e.t - stall_s < end]
     if not liveness.collector_running(metrics_dir):
         age = liveness.heartbeat_age(metrics_dir, now)
         since = now - age if age is not None else start

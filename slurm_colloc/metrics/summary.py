@@ -125,7 +125,8 @@ def with_gaps(summ: MetricsSummary, rows: Sequence[store.Row], cfg: CollocConfig
     t0 = start if start is not None else min(r.t for r in rows)
     if end <= t0:
         return summ
-    down = gaps.collector_down(cfg.metrics_dir, t0, end, end)
+    down = gaps.collector_down(cfg.metrics_dir, t0, end, end,
+                               stall_s=max(60.0, 30 * cfg.sample_interval_s))
     found = gaps.sampling_gaps(rows, t0, end, cfg.sample_interval_s, down)
     return replace(summ, span_s=round(end - t0), gaps=tuple(
         (max(0, round(g.start - t0)), max(1, round(g.seconds)), g.cause) for g in found))

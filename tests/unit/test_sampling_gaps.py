@@ -126,6 +126,27 @@ def test_collector_down_since_its_last_sample_when_no_collector_holds_the_lock(
         os.close(fd)  # type: ignore[arg-type]
 
 
+def test_a_stalled_worker_counts_as_down_for_the_stall_before_its_kill(
+        tmp_path: Path) -> None:
+    m = tmp_path / "m"
+    fd = liveness.acquire_lock(m)  # a collector runs now (restarted after the stall)
+    assert fd is not None
+    try:
+        liveness.append_event(m, liveness.UP, 1, now=1000.0)
+        liveness.append_event(m, liveness.ALIVE, 1, now=1030.0)
+        liveness.append_event(m, liveness.STALLED, 1, "no sample for 60s: killed", now=1100.0)
+        liveness.append_event(m, liveness.UP, 2, now=1101.0)
+        down = gaps.collector_down(str(m), 1000.0, 1200.0, 1200.0, stall_s=60.0)
+        assert (1040.0, 1100.0) in down
+        rows = rows_at([1000.0 + i for i in range(40)] + [1102.0 + i for i in range(98)])
+        assert gaps.sampling_gaps(rows, 1000.0, 1200.0, 1.0, down) == [
+            gaps.Gap(1040.0, 1102.0, "collector")]
+    finally:
+        import os
+
+        os.close(fd)
+
+
 def test_job_summary_keeps_the_gap_the_killed_collector_left(tmp_path: Path) -> None:
     cfg = CollocConfig(metrics_dir=str(tmp_path / "m"), series_points=8)
     t0 = time.time() - 120
