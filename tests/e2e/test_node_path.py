@@ -89,7 +89,7 @@ def test_collocated_jobs_share_one_gpu_within_their_limits(
 ) -> None:
     with _one_gpu_with_room(cluster, slurm, workdir):
         jobs = [
-            sbatch(cluster, workdir, f"{SHOW_ENV}\ncolloc-simjob --mem {mem}G --seconds 4",
+            sbatch(cluster, workdir, f"{SHOW_ENV}\ncolloc-simjob --mem {mem}G --seconds 10",
                    f"--gres=shard:{shards}")
             for mem, shards in ((6, 8), (10, 12), (3, 4))
         ]
