@@ -93,9 +93,12 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_console_scripts_and_modules_come_from_the_wheel(venv: Path) -> None:
     b = venv / "bin"
     for argv in (["colloc", "--help"], ["colloc", "admin", "--help"],
-                 ["colloc-report", "--help"], ["colloc-simjob", "--help"],
-                 ["colloc", "admin", "install", "--help"]):
+                 ["colloc-report", "--help"], ["colloc", "admin", "install", "--help"]):
         _ok(_run([str(b / argv[0]), *argv[1:]]))
+    version = _ok(_run([str(b / "python"), "-c",
+                        "import slurm_colloc; print(slurm_colloc.__version__)"])).strip()
+    for name in ("colloc", "colloc-report"):
+        assert _ok(_run([str(b / name), "--version"])).strip() == f"{name}, version {version}"
     # Slurm starts the prolog with almost no environment; it must never fail the job
     prolog = _run([str(b / "colloc-prolog")], env={})
     assert prolog.returncode == 0, prolog.stderr
@@ -108,13 +111,59 @@ def test_console_scripts_and_modules_come_from_the_wheel(venv: Path) -> None:
     assert (pkg / "site" / "spank" / "colloc_spank.c").is_file()
 
 
+SIM_TOOLS = ("colloc-simjob", "colloc-sim-mps-control", "colloc-sim-mps-control-v3")
+LAB = ("slurm_colloc.devcluster", "slurm_colloc.bench", "slurm_colloc.demo",
+       "slurm_colloc.gpu.sim", "numpy", "pandas", "matplotlib")
+# the runtime's entry points, each run as a site runs it, then the lab modules it loaded
+_NO_LAB = """
+import runpy, sys
+from importlib.metadata import entry_points
+eps = {e.name: e for e in entry_points(group="console_scripts")
+       if e.value.startswith("slurm_colloc")}
+print(sorted(eps))
+for name, argv in (("colloc", ["--help"]), ("colloc", ["--version"]),
+                   ("colloc", ["estimate", "--help"]), ("colloc", ["admin", "--help"]),
+                   ("colloc-report", ["--help"]), ("colloc-prolog", [])):
+    sys.argv = [name, *argv]
+    try:
+        eps[name].load()()
+    except SystemExit:
+        pass
+print("LAB", sorted(m for m in sys.modules if m.startswith(%r)))
+"""
+
+
+def test_the_runtime_wheel_puts_no_simulation_tool_on_path_and_imports_no_lab(
+    venv: Path,
+) -> None:
+    """issue 26 item 7: a site's install is the runtime; the lab stays out of it."""
+    b = venv / "bin"
+    assert not [t for t in SIM_TOOLS if (b / t).exists()], sorted(p.name for p in b.iterdir())
+    env = {**CLEAN_ENV, "PATH": f"{b}:{CLEAN_ENV['PATH']}"}
+    for tool in SIM_TOOLS:
+        assert _run(["/bin/sh", "-c", f"command -v {tool}"], env=env).returncode != 0, tool
+    out = _ok(_run([str(b / "python"), "-c", _NO_LAB % (LAB,)], env=env)).splitlines()
+    assert out[0] == str(["colloc", "colloc-epilog", "colloc-prolog", "colloc-report",
+                          "colloc-task-prolog"]), out[0]
+    assert out[-1] == "LAB []", out[-1]
+    # the lab's commands: one line naming the extra, never an ImportError traceback
+    for argv in (["devcluster", "up"], ["demo"]):
+        cp = _run([str(b / "colloc"), *argv], env=env)
+        assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+        assert "pip install 'slurm-colloc[lab]'" in cp.stderr, cp.stderr
+        assert cp.stderr.count("\n") == 1, cp.stderr
+
+
 def _cluster_py(venv: Path, code: str, timeout: float = 300) -> str:
     """Run devcluster code in the wheel's python (so venv_bin is the wheel's bin)."""
-    head = ("import json, logging, sys\nfrom pathlib import Path\n"
-            "from slurm_colloc.devcluster.cluster import Cluster\n"
-            "from slurm_colloc.devcluster.layout import Layout, Spec\n"
-            "logging.basicConfig(level=logging.INFO)\n")
-    return _ok(_run([str(venv / "bin" / "python"), "-c", head + code], timeout=timeout))
+    return _ok(_run([str(venv / "bin" / "python"), "-c", _CLUSTER_HEAD + code],
+                    timeout=timeout))
+
+
+_CLUSTER_HEAD = ("import json, logging, sys\nfrom pathlib import Path\n"
+                 "from slurm_colloc.devcluster.cluster import Cluster\n"
+                 "from slurm_colloc.devcluster.layout import Layout, Spec\n"
+                 "logging.basicConfig(level=logging.INFO)\n")
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +171,21 @@ def wheel_cluster(venv: Path) -> Iterator[dict[str, str]]:
     """The wheel venv's own devcluster; its Slurm environment. Always torn down."""
     if os.geteuid() != 0:
         pytest.fail("the wheel test starts its own devcluster and needs root")
-    down = [str(venv / "bin" / "colloc"), "devcluster", "down", "--root", str(CLUSTER_ROOT)]
-    _run(down, timeout=120)  # leftovers of an interrupted run
+    # the lab's Python API (the wheel carries its code; `colloc devcluster` asks for the
+    # lab extra this runtime-only venv leaves out): the cluster still runs the wheel's
+    # node scripts, and the lab writes its own colloc-simjob launcher (<root>/lab-bin)
+    at = f"Cluster.at(Path({str(CLUSTER_ROOT)!r}))"
+    _run([str(venv / "bin" / "python"), "-c", _CLUSTER_HEAD + f"{at}.down()"],
+         timeout=120)  # leftovers of an interrupted run
     spec = f"Spec(gpus=2, **{PORTS!r})"
     try:
         _cluster_py(venv, f"Cluster(Layout(Path({str(CLUSTER_ROOT)!r})), {spec}).up(timeout=90)")
-        env = json.loads(_cluster_py(
-            venv, f"print(json.dumps(Cluster.at(Path({str(CLUSTER_ROOT)!r})).env()))"))
+        env = json.loads(_cluster_py(venv, f"print(json.dumps({at}.env()))"))
         yield env
     finally:
         keep = ROOT / ".pytest_cache" / "wheel-devcluster-logs"
-        cp = _run([*down, "--keep-logs", str(keep)], timeout=120)
+        cp = _run([str(venv / "bin" / "python"), "-c",
+                   _CLUSTER_HEAD + f"{at}.down(keep_logs=Path({str(keep)!r}))"], timeout=120)
         _stop_leftovers()
         assert cp.returncode == 0, cp.stderr
 
@@ -176,6 +229,7 @@ def test_wheel_cluster_requeues_an_oom_on_a_whole_gpu_and_reports_both(
     script = jobs / "oom.sh"
     script.write_text("#!/bin/bash\necho attempt=${SLURM_RESTART_COUNT:-0} "
                       "LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n"
+                      'echo "SIMJOB=$(command -v colloc-simjob)"\n'
                       "colloc-simjob --mem 3G --peak 9G --peak-at 0.3 --seconds 2\n")
     script.chmod(0o755)
     out = _ok(_run(["sbatch", "--parsable", f"--chdir={jobs}", f"--output={jobs}/%j.out",
@@ -207,5 +261,7 @@ def test_wheel_cluster_requeues_an_oom_on_a_whole_gpu_and_reports_both(
     assert a1["limit_mib"] > a0["limit_mib"]  # the whole GPU's shards the second time
     final = (jobs / f"{job}.out").read_text()
     assert "attempt=1" in final
+    # the lab's launcher, not the wheel's bin (which has none)
+    assert f"SIMJOB={CLUSTER_ROOT}/lab-bin/colloc-simjob\n" in final, final
     text = _ok(_run([str(venv / "bin" / "colloc-report"), str(job)], env=env, timeout=60))
     assert str(job) in text
