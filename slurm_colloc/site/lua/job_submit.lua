@@ -115,7 +115,8 @@ local SITE_CHAIN = nil
 -- are kept here and the globals given back to colloc's (defined at the end).
 local site_submit, site_modify
 if SITE_CHAIN ~= nil then
-	local chunk, err = loadstring(SITE_CHAIN.text, "=" .. SITE_CHAIN.name)
+	-- loadstring is Lua 5.1's; from 5.2 load takes a string (EL9's Slurm links Lua 5.4)
+	local chunk, err = (loadstring or load)(SITE_CHAIN.text, "=" .. SITE_CHAIN.name)
 	if chunk then
 		local ok, lerr = pcall(chunk)
 		if not ok then chunk, err = nil, lerr end
