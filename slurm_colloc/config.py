@@ -36,6 +36,7 @@ HistorySource = Literal["accounting", "sqlite"]
 StepUpPolicy = Literal["whole-gpu", "step"]
 EnforceAction = Literal["kill", "flag", "off"]
 MpsProtocol = Literal["2", "3", "auto"]
+RecordField = Literal["admin_comment", "system_comment"]
 
 
 class ConfigError(ValueError):
@@ -241,7 +242,21 @@ class CollocConfig:
     metrics_retention_days: int = 14
     """Per-job time series older than this are deleted."""
     admin_comment_max_bytes: int = 4096
-    """Size cap of the encoded record written to AdminComment."""
+    """Size cap of the encoded record written to AdminComment (or ``record_field``)."""
+    record_field: RecordField = "admin_comment"
+    """The job field the epilog keeps colloc's per-attempt ``cl1:`` record in:
+    ``admin_comment`` (AdminComment) or ``system_comment`` (SystemComment). Sites that
+    run Princeton jobstats set ``system_comment``: jobstats' slurmctld epilog replaces
+    the whole AdminComment with its ``JS1:`` summary, which would erase colloc's record
+    (and colloc's would sit beside jobstats' text). Like AdminComment, SystemComment is
+    out of users' reach (``sacctmgr`` refuses them; users may set Comment that way, so
+    Comment is no place for data the estimator's history trusts); Slurm itself only
+    appends burst-buffer errors to it; ``sacctmgr modify job`` sets it after the end,
+    case kept (24.11, 26.05; docs/admin.md, "jobstats sites").
+    ``scontrol`` cannot set it, so between the attempts of a requeued job the record
+    still travels in the live job's AdminComment. Readers look in this field first and
+    then in the other one, so records written before a switch still read. job_submit's
+    ``colloc1:`` decision stays in AdminComment either way."""
     series_points: int = 48
     """Points of each attempt's downsampled memory/SM series kept in the accounting
     record, so ``colloc-report`` can plot it from any host (0: none)."""

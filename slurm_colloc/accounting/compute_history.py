@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.accounting.field import record_in
 from slurm_colloc.accounting.history import attempt_peak, valid_fingerprint
 from slurm_colloc.accounting.record import Attempt
+from slurm_colloc.config import RecordField
 
 if TYPE_CHECKING:
     from slurm_colloc.slurm.records import AccountingRecord
@@ -80,6 +81,7 @@ def attempt_sm_pct(a: Attempt) -> float | None:
 
 def measurements(
     rows: Iterable[AccountingRecord], uid_of: Callable[[str], int | None],
+    prefer: RecordField = "admin_comment",
 ) -> dict[Key, list[Measured]]:
     """Complete attempts per (uid, fingerprint) from COMPLETED jobs' records (pure).
 
@@ -94,7 +96,7 @@ def measurements(
     for jid, r in latest.items():
         user = r.fields.get("User") or ""
         uid = uid_of(user) if user else None
-        rec = try_decode(r.fields.get("AdminComment"))
+        rec = record_in(r.fields, prefer)  # either field (record_field)
         if uid is None or rec is None:
             continue
         for a in rec.attempts:

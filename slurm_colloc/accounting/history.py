@@ -31,8 +31,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.accounting.field import record_in
 from slurm_colloc.accounting.record import Attempt, JobRecord
+from slurm_colloc.config import RecordField
 
 if TYPE_CHECKING:
     from slurm_colloc.slurm.adapter import AccountingRecord, SlurmAdapter
@@ -105,7 +106,8 @@ def _job_number(job_id: str) -> int:
 
 
 def user_records(rows: Iterable[AccountingRecord], user: str,
-                 max_jobs: int = MAX_JOBS) -> list[JobRecord]:
+                 max_jobs: int = MAX_JOBS, prefer: RecordField = "admin_comment",
+                 ) -> list[JobRecord]:
     """Decoded records of ``user``'s COMPLETED jobs, the newest ``max_jobs`` (pure).
 
     Rows of another user (whatever their record says) and rows without a readable
@@ -122,7 +124,7 @@ def user_records(rows: Iterable[AccountingRecord], user: str,
     newest = sorted(latest, key=_job_number, reverse=True)[: max(0, max_jobs)]
     out = []
     for jid in newest:
-        rec = try_decode(latest[jid].fields.get("AdminComment"))
+        rec = record_in(latest[jid].fields, prefer)  # either field (record_field)
         if rec is not None:
             out.append(rec)
     return out
@@ -142,8 +144,11 @@ class AccountingHistory:
         max_jobs: int = MAX_JOBS,
         timeout: float = DEFAULT_TIMEOUT_S,
         warn: Callable[[str], None] | None = None,
+        prefer: RecordField = "admin_comment",
     ) -> None:
         self.uid = os.getuid() if uid is None else int(uid)
+        self.prefer: RecordField = prefer
+        """Config ``record_field``: where records are looked for first."""
         self.days = max(1, int(days))
         self.max_jobs = max_jobs
         self.timeout = timeout
@@ -173,7 +178,7 @@ class AccountingHistory:
             adapter = self._adapter or SlurmCli(timeout=self.timeout)
             rows = adapter.finished_jobs_of_user(user, self.days, timeout=self.timeout,
                                                  warn=self._warn)
-            records = user_records(rows, user, self.max_jobs)
+            records = user_records(rows, user, self.max_jobs, self.prefer)
         except Exception as e:  # noqa: BLE001 - history is an optimisation, never fatal
             self._warn(f"no history from Slurm accounting: {' '.join(str(e).split())[:300]}")
             return self._peaks

@@ -309,7 +309,7 @@ def compute_history(days: int | None, write_: bool) -> None:
     except SlurmError as e:
         raise click.ClickException(f"cannot read Slurm's accounting: {_one_line(e)}; the "
                                    "table is left as it was") from e
-    table = ch.build_table(ch.measurements(rows, ch.uid_by_name))
+    table = ch.build_table(ch.measurements(rows, ch.uid_by_name, cfg.record_field))
     if not write_:
         click.echo(ch.render(table), nl=False)
         return
@@ -319,3 +319,27 @@ def compute_history(days: int | None, write_: bool) -> None:
     except (ch.ComputeHistoryError, OSError) as e:
         raise click.ClickException(f"{path}: not written: {_one_line(e)}") from e
     click.echo(f"{path}: {len(table)} (user, model) entries from {len(rows)} jobs")
+
+
+@admin.command("gpu-shares")
+@click.option("--since", default="now-1days", show_default=True,
+              help="Jobs that ran since this time (sacct's --starttime syntax).")
+@click.option("--until", default=None, help="... and before this time (sacct's --endtime).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv",
+              show_default=True)
+def gpu_shares(since: str, until: str | None, fmt: str) -> None:
+    """Each job's fraction of a GPU (shards / shards per GPU), from Slurm's accounting.
+
+    For a site's jobstats-style GPU accounting, which otherwise credits a whole GPU to
+    each job on a shared one (docs/admin.md, "jobstats sites"). Columns: jobid, user,
+    node, gpu, shards, shards_per_gpu, fraction.
+    """
+    from slurm_colloc.report import gpu_shares as gs
+    from slurm_colloc.slurm.adapter import SlurmCli, SlurmError
+
+    cfg = _load_config()
+    try:
+        rows = SlurmCli().accounting_period(since, until)
+    except SlurmError as e:
+        raise click.ClickException(f"cannot read Slurm's accounting: {_one_line(e)}") from e
+    click.echo(gs.render(gs.shares(rows, cfg), fmt), nl=False)

@@ -92,7 +92,8 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
     else:
         from slurm_colloc.accounting.history import AccountingHistory
 
-        history = AccountingHistory(uid=os.getuid(), days=cfg.history_days, warn=_warn)
+        history = AccountingHistory(uid=os.getuid(), days=cfg.history_days, warn=_warn,
+                                    prefer=cfg.record_field)
         source = "accounting"
     try:
         summary = read_summary_file(Path(summary_path))

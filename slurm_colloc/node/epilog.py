@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_colloc.accounting.field import carry_in_admin_comment
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node import evidence, requeue_policy
@@ -201,7 +202,10 @@ def run(
         log.error("accounting record not built: %s", e)
     if result.decision is not None and result.decision.requeue:
         try:
-            errors = requeue(ctx, adapter, result.decision.new_shards, admin_comment=text,
+            # the next attempt finds this one's record in the live job's AdminComment:
+            # Slurm lets no one set SystemComment with scontrol (24.11, 26.05)
+            carry = text if text is None else carry_in_admin_comment(ctx.admin_comment, text)
+            errors = requeue(ctx, adapter, result.decision.new_shards, admin_comment=carry,
                              nice=cfg.recovery_nice)
             result.requeued = True
             result.errors.extend(errors)
@@ -370,7 +374,8 @@ def _record_text(
     ctx: JobContext, cfg: CollocConfig, result: EpilogResult, metrics: Any,
     co_tenants: tuple[str, ...],
 ) -> str | None:
-    """This attempt appended to the job's AdminComment (None for non-colloc jobs).
+    """This attempt appended to the job's record field (config ``record_field``,
+    AdminComment by default; None for non-colloc jobs).
 
     May raise (the codec's RecordTooLargeError when other tools' text fills the
     field): the caller records the error and requeues regardless.
@@ -388,7 +393,8 @@ def _record_text(
         new_shards=d.new_shards if d else None, shards_per_gpu=result.shards_per_gpu,
         metrics=metrics, co_tenants=co_tenants,
     )
-    return append_attempt(ctx.admin_comment, attempt, max_bytes=cfg.admin_comment_max_bytes)
+    return append_attempt(ctx.record_text(cfg.record_field), attempt,
+                          max_bytes=cfg.admin_comment_max_bytes)
 
 
 def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogResult) -> None:

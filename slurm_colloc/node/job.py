@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_colloc import procfs
+from slurm_colloc.accounting.codec import find_token
 from slurm_colloc.accounting.submit_record import CollocRecord, parse_record
 from slurm_colloc.slurm.adapter import SlurmAdapter
 from slurm_colloc.slurm.squeue_json import SlurmJob, parse_indices
@@ -69,6 +70,20 @@ class JobContext:
     sluid: str | None = None
     """slurmd's ``SLURM_JOB_SLUID`` (25.11+), validated: the name of the job's cgroup on
     26.05 unless ``CgroupJobIdPaths=yes``. None before 25.11 or when malformed."""
+    system_comment: str = ""
+    """The job's SystemComment: where earlier attempts' ``cl1:`` record is when config
+    ``record_field = "system_comment"`` (jobstats sites)."""
+
+    def record_text(self, field: str) -> str:
+        """The text this attempt's record is appended to: the field colloc's record is
+        kept in (config ``record_field``), with the other field's ``cl1:`` token when
+        only that one has it (an earlier attempt's record, carried to this one in
+        AdminComment because Slurm refuses ``scontrol update SystemComment``)."""
+        mine, other = ((self.system_comment, self.admin_comment) if field == "system_comment"
+                       else (self.admin_comment, self.system_comment))
+        if find_token(mine) is not None or (m := find_token(other)) is None:
+            return mine
+        return f"{mine} {m.group(0)}".strip()
 
     @functools.cached_property
     def submit(self) -> CollocRecord | None:
@@ -206,6 +221,7 @@ def context_from_job(job: SlurmJob, env: Mapping[str, str]) -> JobContext:
                               job.tres_per_socket),
         # from slurmd, like the job id; malformed is dropped (it names a cgroup path)
         sluid=procfs.sluid(env.get("SLURM_JOB_SLUID")),
+        system_comment=getattr(job, "system_comment", ""),  # test doubles lack it
     )
 
 
@@ -228,6 +244,7 @@ def context_from_json(text: str, env: Mapping[str, str]) -> JobContext:
             exit_code=str(d["exit_code"]), state=str(d["state"]),
             foreign_shards=int(d.get("foreign_shards", 0)),
             sluid=procfs.sluid(d.get("sluid")),
+            system_comment=str(d.get("system_comment", "") or ""),
         )
     except (ValueError, KeyError, TypeError) as e:
         raise JobInfoError(f"saved job context unreadable: {e}") from e
@@ -279,6 +296,7 @@ def context_from_record(
         stderr=_path("StdErr"),
         restarts=restarts,
         admin_comment=str(rec.get("AdminComment", "") or ""),
+        system_comment=str(rec.get("SystemComment", "") or ""),
         # slurmd hands the Epilog the job's exit as SLURM_JOB_EXIT_CODE2 ("1:0")
         exit_code=env.get("SLURM_JOB_EXIT_CODE2") or str(rec.get("ExitCode", "") or ""),
         state=str(rec.get("JobState", "") or ""),

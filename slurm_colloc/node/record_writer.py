@@ -3,13 +3,16 @@
 Why a detached helper: from inside the Epilog the job is still COMPLETING, when
 ``scontrol update AdminComment`` is refused ("Job has already finished"), and
 ``sacctmgr modify job`` only sticks once the controller has sent the job's final
-record to slurmdbd (slurm-facts.md). So the epilog leaves the encoded text in root's
-spool (``<spool>/<jobid>.adminc``, a 0700 directory) and makes sure a writer runs.
-The writer waits until slurmdbd has each job's end (``sacct``: slurmdbd, not
-slurmctld, so no load on the controller; Slurm advises against controller calls from
-node scripts), writes with sacctmgr (the encoding survives its lowercasing), reads it
-back, and retries a few times. A spool file is removed only after a verified write;
-one given up is renamed ``<jobid>.adminc.failed`` for an admin to replay.
+record to slurmdbd (slurm-facts.md). The field is config ``record_field``
+(AdminComment, or SystemComment at jobstats sites); a jobstats ``JS1:`` summary
+found there is never replaced (:func:`write_verified`). So the epilog leaves the
+encoded text in root's spool (``<spool>/<jobid>.adminc``, a 0700 directory) and
+makes sure a writer runs. The writer waits until slurmdbd has each job's end
+(``sacct``: slurmdbd, not slurmctld, so no load on the controller; Slurm advises
+against controller calls from node scripts), writes with sacctmgr (the encoding
+survives its lowercasing), reads it back, and retries a few times. A spool file is
+removed only after a verified write; one given up is renamed
+``<jobid>.adminc.failed`` for an admin to replay.
 
 **One writer per node** (issue 23). Each finished job used to start its own root
 process polling sacct every second for up to 120 s: a flood of short jobs forked
@@ -40,11 +43,13 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_colloc.accounting.field import placement
+from slurm_colloc.config import RecordField
 from slurm_colloc.detach import PASSED_FD, spawn_module
 from slurm_colloc.node.logging_setup import node_logger
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmError, by_start
@@ -191,18 +196,20 @@ def _give_up(path: Path) -> None:
 # --------------------------------------------------------------- slurmdbd ---
 
 
-def _finished(adapter: SlurmAdapter, jobs: list[int]) -> set[int]:
+def _finished(adapter: SlurmAdapter, jobs: list[int],
+              rows_out: dict[str, list[Any]] | None = None) -> set[int]:
     """The jobs whose end slurmdbd has recorded (one sacct call; none on error).
 
     The end time too, not only a final state: slurmdbd that was down gets the job-end
     record queued by slurmctld after the state already reads final, and that late
     record rewrote an AdminComment written in between (seen killing slurmdbd mid-run).
+    ``rows_out`` (when given) receives the rows by job id, for :func:`write_verified`.
     """
     try:
         rows = adapter.accounting(jobs)
     except SlurmError:
         return set()
-    by_job: dict[str, list[Any]] = {}
+    by_job: dict[str, list[Any]] = {} if rows_out is None else rows_out
     for r in rows:
         by_job.setdefault(r.job_id, []).append(r)
     done = set()
@@ -216,15 +223,29 @@ def _finished(adapter: SlurmAdapter, jobs: list[int]) -> set[int]:
     return done
 
 
-def write_verified(adapter: SlurmAdapter, job_id: int, text: str) -> str | None:
-    """Set AdminComment once and read it back: None when verified, else why not."""
+def write_verified(adapter: SlurmAdapter, job_id: int, text: str,
+                   field: RecordField = "admin_comment",
+                   current: Iterable[Mapping[str, str]] = ()) -> str | None:
+    """Set the record's field once and read it back: None when verified, else why not.
+
+    ``field`` is config ``record_field``; ``current`` the job's accounting fields as
+    this round's sacct saw them. A jobstats summary (``JS1:``) already in that field is
+    never replaced: the record goes to the other field instead
+    (:func:`slurm_colloc.accounting.field.placement`)."""
+    where = placement(current, field, text)
+    if where is None:
+        return "both comment fields hold a jobstats summary: nowhere to write"
+    name, text = where
     try:
-        adapter.set_admin_comment_finished(job_id, text)
+        if name == "AdminComment":
+            adapter.set_admin_comment_finished(job_id, text)
+        else:
+            adapter.set_field_finished(job_id, name, text)
         recs = adapter.accounting([job_id])
     except SlurmError as e:  # sacctmgr or the read-back: both worth another try
         return str(e)
     want = text.lower()
-    if any(r.fields.get("AdminComment", "").lower() == want for r in recs):
+    if any(r.fields.get(name, "").lower() == want for r in recs):
         return None
     return "read back a different value"
 
@@ -237,10 +258,10 @@ class _Entry:
 
 
 def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: float = WAIT_S,
-          pause: float = PAUSE_S) -> int:
+          pause: float = PAUSE_S, field: RecordField = "admin_comment") -> int:
     """Write spooled records until the spool is empty; the number written.
 
-    The caller holds the writer's lock."""
+    The caller holds the writer's lock. ``field``: config ``record_field``."""
     state: dict[int, _Entry] = {}
     written, delay = 0, pause
     while True:
@@ -250,7 +271,8 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
         now = time.monotonic()
         state = {j: state.get(j) or _Entry(now) for j in jobs}
         fresh = any(e.first_seen == now for e in state.values())
-        finished = _finished(adapter, list(jobs))
+        rows: dict[str, list[Any]] = {}
+        finished = _finished(adapter, list(jobs), rows)
         progressed = False
         for job, path in jobs.items():
             e = state[job]
@@ -264,7 +286,8 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
                 log.error("spooled record unreadable, set aside: %s", err)
                 _give_up(path)
                 continue
-            why = write_verified(adapter, job, text)
+            why = write_verified(adapter, job, text, field,
+                                 [r.fields for r in rows.get(str(job), [])])
             if why is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -285,7 +308,7 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
 
 
 def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
-               held: int | None = None) -> int:
+               held: int | None = None, field: RecordField = "admin_comment") -> int:
     """Be the node's one writer: lock, drain, release, look again; the number written.
 
     ``held``: the lock the epilog took and handed over (the first round uses it).
@@ -304,7 +327,7 @@ def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
             return written  # another writer drains the spool
         tries = 1  # after a round: a lock held now is a newer writer's, which drains
         try:
-            written += drain(adapter, spool_dir, log_for)
+            written += drain(adapter, spool_dir, log_for, field=field)
         finally:
             os.close(fd)
             fd = None
@@ -323,15 +346,18 @@ def main() -> int:
     job_id, spool = int(sys.argv[1]), Path(sys.argv[2])
     handed = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3].isdigit() else None
     log_file = None
+    field: RecordField = "admin_comment"
     with contextlib.suppress(cfgmod.ConfigError):
-        log_file = cfgmod.load().log_file
+        cfg = cfgmod.load()
+        log_file, field = cfg.log_file, cfg.record_field
 
     def log_for(job: int) -> logging.LoggerAdapter[Any]:
         return node_logger("record-writer", job, log_file)
 
     try:
         held = _adopt_lock(handed, spool.parent) if handed is not None else None
-        run_writer(spool.parent, SlurmCli(env=main_env(os.environ), timeout=30), log_for, held)
+        run_writer(spool.parent, SlurmCli(env=main_env(os.environ), timeout=30), log_for, held,
+                   field)
     except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
         log_for(job_id).error("records not written, left in %s: %s", spool.parent, e)
     return 0

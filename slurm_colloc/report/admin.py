@@ -14,7 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_colloc.config import CollocConfig
+from slurm_colloc.config import CollocConfig, RecordField
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.report.inquirer import JobRow
 from slurm_colloc.report.usage import attempt_usage, job_records
@@ -71,9 +71,11 @@ class _JobFold:
     """(estimator, under-estimated, error %) of a completed, measured job."""
 
 
-def _fold_job(lines: list[JobRow], spg: int) -> _JobFold | None:
-    """A colloc job's figures from its accounting lines; None for a non-colloc job."""
-    rec, sub = job_records(lines)
+def _fold_job(lines: list[JobRow], spg: int,
+              prefer: RecordField = "admin_comment") -> _JobFold | None:
+    """A colloc job's figures from its accounting lines; None for a non-colloc job
+    (``prefer``: config ``record_field``)."""
+    rec, sub = job_records(lines, prefer)
     if rec is None and sub is None:
         return None
     f = _JobFold()
@@ -121,7 +123,7 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
     stats: dict[str, EstimatorStats] = {}
     for job_id, lines in by_job.items():
         try:
-            f = _fold_job(lines, spg)
+            f = _fold_job(lines, spg, cfg.record_field)
         except Exception as e:  # noqa: BLE001 - any bad job is skipped, never fatal
             out.warnings.append(f"job {job_id}: skipped, its accounting data is malformed "
                                 f"({type(e).__name__})")

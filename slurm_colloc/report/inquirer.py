@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from slurm_colloc.accounting.field import record_texts
+from slurm_colloc.config import RecordField
 from slurm_colloc.metrics import liveness, store
 from slurm_colloc.slurm.adapter import (
     AccountingRecord,
@@ -79,6 +81,13 @@ class JobRow:
     display_id: str = ""
     """sacct's JobID: ``123_4`` for an array task, else the raw id ('' = same)."""
     account: str = ""
+    system_comment: str = ""
+    """Where colloc's ``cl1:`` record is at jobstats sites (config ``record_field``)."""
+
+    def record_texts(self, prefer: RecordField = "admin_comment") -> list[str]:
+        """The texts that may hold colloc's record, the configured field first."""
+        return record_texts({"AdminComment": self.admin_comment,
+                             "SystemComment": self.system_comment}, prefer)
 
     @property
     def shown_id(self) -> str:
@@ -96,6 +105,7 @@ class JobRow:
             node=f.get("NodeList", ""), alloc_tres=f.get("AllocTRES", ""),
             req_tres=f.get("ReqTRES", ""), admin_comment=f.get("AdminComment", ""),
             display_id=f.get("JobID", ""), account=f.get("Account", ""),
+            system_comment=f.get("SystemComment", ""),
         )
 
 

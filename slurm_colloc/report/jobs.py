@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slurm_colloc.config import CollocConfig
+from slurm_colloc.config import CollocConfig, RecordField
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.inquirer import JobQuery, JobRow
@@ -87,10 +87,11 @@ class JobTable:
                 "warnings": list(self.warnings)}
 
 
-def _line(lines: list[JobRow], spg: int) -> JobLine:
-    """One job's row from its accounting lines (oldest attempt first)."""
+def _line(lines: list[JobRow], spg: int, prefer: RecordField = "admin_comment") -> JobLine:
+    """One job's row from its accounting lines (oldest attempt first); ``prefer``:
+    config ``record_field``."""
     last = lines[-1]
-    rec, sub = job_records(lines)
+    rec, sub = job_records(lines, prefer)
     out = JobLine(job_id=last.shown_id, raw_id=last.job_id, user=last.user,
                   account=last.account, name=last.name, state=last.state,
                   elapsed_s=sum(ln.elapsed_s or 0 for ln in lines) if any(
@@ -148,7 +149,7 @@ def build_table(rows: list[JobRow], cfg: CollocConfig, query: JobQuery) -> JobTa
     for raw, lines in by_job.items():
         lines.sort(key=lambda r: (r.start is None, r.start or 0))
         try:
-            table.jobs.append(_line(lines, spg))
+            table.jobs.append(_line(lines, spg, cfg.record_field))
         except Exception as e:  # noqa: BLE001 - one bad job never hides the others
             table.warnings.append(f"job {lines[-1].shown_id or raw}: skipped, its accounting "
                                   f"data is malformed ({type(e).__name__})")

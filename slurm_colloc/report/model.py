@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slurm_colloc.accounting.codec import try_decode
+from slurm_colloc.accounting.field import record_texts
 from slurm_colloc.accounting.record import Attempt, JobRecord
 from slurm_colloc.accounting.submit_record import CollocRecord, parse_record
-from slurm_colloc.config import CollocConfig
+from slurm_colloc.config import CollocConfig, RecordField
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
@@ -351,7 +352,7 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         raise UnknownJobError(f"job {job_id}: not known to Slurm (controller or accounting)")
     last = rows[-1] if rows else None
     state = str(live.get("JobState", "")) if live else (last.state if last else "UNKNOWN")
-    record, sub = _records(rows, live)
+    record, sub = _records(rows, live, cfg.record_field)
     attempts = list(record.attempts) if record else []
     # an array task (123_4) has a raw id of its own: the node store is keyed by it
     raw = last.job_id if last else str((live or {}).get("JobId") or job_id)
@@ -399,16 +400,24 @@ def _pending(live: dict[str, Any] | None, state: str) -> dict[str, Any] | None:
 
 
 def _records(rows: list[JobRow], live: dict[str, Any] | None,
+             prefer: RecordField = "admin_comment",
              ) -> tuple[JobRecord | None, CollocRecord | None]:
     """The fullest accounting record and the submit record among the job's comments."""
-    comments = [r.admin_comment for r in rows] + ([str(live.get("AdminComment", ""))]
-                                                  if live else [])
+    # colloc's record may be in AdminComment or SystemComment: per row the configured
+    # field last, so that it wins a tie (a later text with as many attempts wins)
+    comments = [t for r in rows for t in reversed(r.record_texts(prefer))]
+    if live:
+        comments += reversed(record_texts({k: str(live.get(k, "") or "")
+                                           for k in ("AdminComment", "SystemComment")},
+                                          prefer))
     record: JobRecord | None = None
     sub: CollocRecord | None = None
     for c in comments:
         r = try_decode(c)
         if r is not None and (record is None or len(r.attempts) >= len(record.attempts)):
             record = r
+    for c in [r.admin_comment for r in rows] + ([str(live.get("AdminComment", ""))]
+                                                if live else []):
         sub = sub or parse_record(c)
     return record, sub
 

@@ -10,16 +10,20 @@ from dataclasses import dataclass
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.accounting.record import Attempt, JobRecord
 from slurm_colloc.accounting.submit_record import CollocRecord, parse_record
+from slurm_colloc.config import RecordField
 from slurm_colloc.oom.patterns import GPU_CRASH_CAUSES
 from slurm_colloc.report.inquirer import JobRow
 
 
-def job_records(lines: Sequence[JobRow]) -> tuple[JobRecord | None, CollocRecord | None]:
-    """The accounting record (the last readable one) and job_submit's record."""
+def job_records(lines: Sequence[JobRow], prefer: RecordField = "admin_comment",
+                ) -> tuple[JobRecord | None, CollocRecord | None]:
+    """The accounting record (the last readable one; in ``record_field`` or, failing
+    that, the other comment field) and job_submit's record (AdminComment)."""
     rec: JobRecord | None = None
     sub: CollocRecord | None = None
     for ln in lines:
-        rec = try_decode(ln.admin_comment) or rec
+        found = (try_decode(t) for t in ln.record_texts(prefer))
+        rec = next((r for r in found if r is not None), None) or rec
         sub = sub or parse_record(ln.admin_comment)
     return rec, sub
 

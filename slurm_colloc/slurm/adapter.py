@@ -149,6 +149,13 @@ class SlurmAdapter(abc.ABC):
     def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
         """Set AdminComment of a finished job in slurmdbd (sacctmgr; lowercases!)."""
 
+    def set_field_finished(self, job_id: int | str, name: str, value: str) -> None:
+        """Set ``name`` (``AdminComment`` or ``SystemComment``) of a finished job in
+        slurmdbd; this base knows only AdminComment (test doubles)."""
+        if name != "AdminComment":
+            raise SlurmError(f"{name}: this adapter sets AdminComment only")
+        self.set_admin_comment_finished(job_id, value)
+
     @abc.abstractmethod
     def nodes(self) -> list[dict[str, Any]]:
         """``scontrol show nodes`` as dicts."""
@@ -183,6 +190,7 @@ def scontrol_view(job: SlurmJob) -> dict[str, Any]:
         "TresPerNode": job.tres_per_node, "TresPerJob": job.tres_per_job,
         "TresPerTask": job.tres_per_task, "GRES": _gres_view(job),
         "AdminComment": job.admin_comment, "Comment": job.comment,
+        "SystemComment": job.system_comment,
         "StdOut": job.stdout or "", "StdErr": job.stderr or job.stdout or "",
         "ExitCode": f"{code[0]}:{code[1]}", "BatchHost": job.batch_host,
         "Nice": str(job.nice),
@@ -357,9 +365,14 @@ class SlurmCli(SlurmAdapter):
         self._run("scontrol", "release", str(job_id))
 
     def set_admin_comment_finished(self, job_id: int | str, value: str) -> None:
+        self.set_field_finished(job_id, "AdminComment", value)
+
+    def set_field_finished(self, job_id: int | str, name: str, value: str) -> None:
+        if name not in WRITABLE_FIELDS:
+            raise SlurmError(f"{name}: not a field colloc writes")
         self._run(
             "sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
-            f"AdminComment={value}",
+            f"{name}={value}",
         )
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -371,6 +384,9 @@ class SlurmCli(SlurmAdapter):
             self._run("scancel", *(str(j) for j in job_ids), check=False)
 
 
+
+WRITABLE_FIELDS = frozenset({"AdminComment", "SystemComment"})
+"""Job fields colloc's record may be written to (``sacctmgr modify job ... set``)."""
 
 TERMINAL_STATES = frozenset(
     {

@@ -22,6 +22,7 @@ SACCT_FIELDS = (  # the names AccountingRecord.fields carries (sacct --format na
     "ReqTRES",
     "NodeList",
     "AdminComment",
+    "SystemComment",
     "Comment",
     "JobID",
     "Account",

@@ -142,6 +142,9 @@ FIELD_MAP: dict[str, tuple[tuple[str, ...], Callable[[Any], str]]] = {
     "ReqTRES": (("tres", "requested"), _tres),
     "NodeList": (("nodes",), _text),
     "AdminComment": (("comment", "administrator"), _text),
+    # 24.11 and 26.05 (v0.0.42): comment.system; where colloc's record lives when
+    # record_field = "system_comment" (jobstats sites, accounting.field)
+    "SystemComment": (("comment", "system"), _text),
     "Comment": (("comment", "job"), _text),  # sacct's Comment is job->derived_es
     "JobID": ((), _array_id),  # the whole job object: array id and task id
     "Account": (("account",), _text),

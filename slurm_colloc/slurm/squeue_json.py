@@ -170,6 +170,9 @@ class SlurmJob:
     nice: int = 0
     """Slurm's nice value, signed (negative: a boost only root may give, such as an
     OOM recovery's ``recovery_nice``)."""
+    system_comment: str = ""
+    """Admin-only like AdminComment; holds colloc's ``cl1:`` record where config
+    ``record_field = "system_comment"`` (jobstats sites)."""
 
     @property
     def allocated_gpus(self) -> tuple[int, ...] | None:
@@ -318,6 +321,7 @@ def _job(d: Mapping[str, Any]) -> SlurmJob:
         array_task_id=_int(d, "array_task_id", None),
         job_state=state,
         nice=_int(d, "nice") or 0,
+        system_comment=_str(d, "system_comment"),
     )
 
 

@@ -224,14 +224,15 @@ def test_main_drains_the_spool_directory(main_env, monkeypatch: pytest.MonkeyPat
     spool, log_file, made = main_env
     got: list[tuple[Any, ...]] = []
 
-    def fake_run(spool_dir: Path, adapter: Any, log_for: Any, held: Any) -> int:
-        got.append((spool_dir, type(adapter).__name__, held))
+    def fake_run(spool_dir: Path, adapter: Any, log_for: Any, held: Any,
+                 field: str = "") -> int:
+        got.append((spool_dir, type(adapter).__name__, held, field))
         log_for(JOB + 1).info("written")
         return 1
 
     monkeypatch.setattr(record_writer, "run_writer", fake_run)
     assert record_writer.main() == 0
-    assert got == [(spool.parent, "Cli", None)]
+    assert got == [(spool.parent, "Cli", None, "admin_comment")]  # record_field
     # the Slurm tools get a fixed PATH and the two config variables, nothing else
     assert made == [{"env": {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
                              "SLURM_CONF": "/etc/slurm/slurm.conf",
@@ -259,7 +260,7 @@ def test_main_survives_broken_config(main_env, monkeypatch, tmp_path, caplog) ->
     with pytest.raises(cfgmod.ConfigError):
         cfgmod.load()
     monkeypatch.setattr(record_writer, "run_writer",
-                        lambda d, a, log_for, held: log_for(JOB).info("written") or 1)
+                        lambda d, a, log_for, held, field: log_for(JOB).info("written") or 1)
     assert record_writer.main() == 0
     assert not log_file.exists()
     assert [r.getMessage() for r in caplog.records] == [f"record-writer: job {JOB}: written"]
@@ -274,7 +275,7 @@ def test_main_adopts_the_lock_it_was_handed(main_env, monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", ["record_writer", str(JOB), str(spool), str(fd)])
     got: list[Any] = []
     monkeypatch.setattr(record_writer, "run_writer",
-                        lambda d, a, log_for, held: got.append(held) or 0)
+                        lambda d, a, log_for, held, field: got.append(held) or 0)
     try:
         assert record_writer.main() == 0
     finally:
