@@ -301,3 +301,30 @@ def test_stay_waits_for_the_lock_a_prolog_started_collector_holds(tmp_path: Path
     t.join(10)
     assert got and got[0] is not None
     os.close(got[0])  # type: ignore[arg-type]
+
+
+def test_the_real_collector_with_stay_does_not_idle_out(tmp_path: Path) -> None:
+    """``python -m slurm_colloc.metrics.collector --stay`` (the unit's ExecStart): with
+    ``collector_idle_exit_s = 0.1`` and no job it still runs until told (here --seconds);
+    without --stay it is gone at once."""
+    import os
+
+    from tests.unit.test_metrics_collector import make
+
+    cfg, _backend, _state = make(tmp_path)
+    conf = tmp_path / "colloc.conf"
+    conf.write_text(f'gpu_backend = "sim"\nsim_state_dir = "{cfg.sim_state_dir}"\n'
+                    f'metrics_dir = "{cfg.metrics_dir}"\nlog_file = "{tmp_path / "c.log"}"\n'
+                    f'mps_root = "{tmp_path / "mps"}"\nsample_interval_s = 0.1\n'
+                    "collector_idle_exit_s = 0.1\n")
+    env = {"PATH": os.environ["PATH"], "COLLOC_CONF": str(conf)}
+    cwd = str(Path(__file__).resolve().parents[2])
+    argv = [sys.executable, "-m", "slurm_colloc.metrics.collector", "--seconds", "4"]
+    t0 = time.monotonic()
+    assert subprocess.run(argv, env=env, cwd=cwd, timeout=60, check=False).returncode == 0
+    idle = time.monotonic() - t0
+    t0 = time.monotonic()
+    assert subprocess.run([*argv, "--stay"], env=env, cwd=cwd, timeout=60,
+                          check=False).returncode == 0
+    stayed = time.monotonic() - t0
+    assert idle < 3.5 <= stayed, (idle, stayed)
