@@ -27,6 +27,7 @@ import pytest
 from slurm_colloc import config as cfgmod
 from slurm_colloc.accounting.codec import try_decode
 from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.node import record_writer
 from slurm_colloc.slurm.adapter import SlurmCli, by_start
 from tests.e2e.conftest import sbatch
 
@@ -98,6 +99,18 @@ def gpu_share(cluster: Cluster, job: int) -> dict[str, Any]:
     return out
 
 
+def no_writer_running(cluster: Cluster) -> None:
+    """Wait until the node's record writer (which reads record_field when it starts)
+    is not running: the next job's record goes where colloc.conf says now."""
+    spool = Path(cfgmod.load(cluster.layout.colloc_conf).evidence_dir).parent / "spool"
+    spool.mkdir(mode=0o700, parents=True, exist_ok=True)
+    deadline = time.monotonic() + 150  # a writer waits at most WAIT_S for a job's end
+    while (fd := record_writer.try_lock(spool)) is None:
+        assert time.monotonic() < deadline, "a record writer is still running"
+        time.sleep(0.5)
+    os.close(fd)
+
+
 @pytest.fixture
 def system_comment_site(cluster: Cluster) -> Iterator[cfgmod.CollocConfig]:
     """colloc.conf with ``record_field = "system_comment"`` (top-level key first)."""
@@ -105,6 +118,7 @@ def system_comment_site(cluster: Cluster) -> Iterator[cfgmod.CollocConfig]:
     original = conf.read_text()
     conf.write_text('record_field = "system_comment"\n' + original)
     try:
+        no_writer_running(cluster)
         yield cfgmod.load(conf)
     finally:
         conf.write_text(original)
@@ -145,6 +159,7 @@ def test_the_writer_never_replaces_a_js1_it_finds(
     """Default field (AdminComment). jobstats writing last replaces colloc's record
     (why jobstats sites set system_comment); a colloc record written after a JS1:
     (here: the failed record an admin replays from the spool) goes to SystemComment."""
+    no_writer_running(cluster)
     job = sbatch(cluster, workdir, JOB, "--colloc-mem=2G")
     f = wait_for("colloc's record in AdminComment",
                  lambda: with_record(slurm, job, "AdminComment"))
