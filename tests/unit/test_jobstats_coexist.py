@@ -300,3 +300,17 @@ def test_the_cli_is_a_thin_layer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert out.exit_code == 0, out.output
     assert seen == [("2026-01-01", None)]
     assert json.loads(out.output)[0]["shards"] == 4
+
+
+def test_the_report_prefers_the_configured_field_on_a_tie() -> None:
+    from slurm_colloc.report.model import _records
+
+    row = JobRow.from_fields({"JobIDRaw": "7", "AdminComment": f"{SUBMIT} {cl1(gpu=0)}",
+                              "SystemComment": cl1(gpu=1)})
+    rec, sub = _records([row], None, "system_comment")
+    assert rec is not None and rec.attempts[0].gpu == 1 and sub is not None
+    rec, _ = _records([row], None, "admin_comment")
+    assert rec is not None and rec.attempts[0].gpu == 0
+    live = {"AdminComment": js1(SUMMARY), "SystemComment": cl1(gpu=4)}
+    rec, _ = _records([], live, "admin_comment")  # JS1: is foreign text: the other field
+    assert rec is not None and rec.attempts[0].gpu == 4
