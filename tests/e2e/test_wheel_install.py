@@ -6,7 +6,10 @@ on every site with ModuleNotFoundError). Here the wheel is built from a copy of 
 working tree, installed into a fresh venv, and that venv alone runs a small devcluster
 of its own: Slurm's Prolog/TaskProlog/Epilog are the wheel's console scripts, and a
 job that overruns its MPS limit must be requeued on a whole GPU, complete, and show
-both attempts in the wheel's ``colloc-report``.
+both attempts in the wheel's ``colloc-report``. The wheel is the runtime only (no
+``lab`` extra): no simulation tool on PATH, no lab module imported by its commands, and
+``colloc devcluster``/``demo`` refused in one line naming the extra; the cluster is
+driven through the lab's Python API, and its jobs find the lab's own ``colloc-simjob``.
 
 The cluster has its own root and ports (368xx) so that the shared test cluster, the
 demo cluster and restart tests (468xx) keep running beside it.
@@ -28,8 +31,9 @@ import pytest
 pytestmark = pytest.mark.devcluster
 
 ROOT = Path(__file__).resolve().parents[2]
-# not under /root: Slurm runs the node scripts and jobs run colloc-simjob from this venv,
-# possibly as other users, so every directory on the way must be world-executable
+# not under /root: Slurm runs the node scripts and jobs run this venv's python (the lab's
+# colloc-simjob launcher names it), possibly as other users, so every directory on the
+# way must be world-executable
 VENV = Path(os.environ.get("COLLOC_WHEEL_VENV", "/opt/colloc-wheel-test-venv"))
 CLUSTER_ROOT = Path(os.environ.get("COLLOC_WHEEL_TEST_ROOT", "/var/lib/colloc-wheel-test"))
 _BASE = int(os.environ.get("COLLOC_WHEEL_TEST_PORT_BASE", "28810"))
