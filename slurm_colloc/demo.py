@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurm_colloc import config as cfgmod
+from slurm_colloc import demo_monitoring
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.gpu.budget import GpuBudget
 from slurm_colloc.gpu.sim.backend import SimBackend
@@ -139,6 +140,9 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
     deadline = time.monotonic() + 240
     last_print = 0.0
     placed: dict[str, tuple[int, ...]] = {}  # each job's first GPUs, as the controller says
+    prom = Path(cfg.prometheus_textfile) if cfg.prometheus_textfile else None
+    snapshot = None  # the exporter's textfile while the most jobs ran (scene 2b)
+    snapshot_jobs = 0
     while time.monotonic() < deadline:
         states = {n: job_state(slurm, j) for n, j in ids.items()}
         for n, j in ids.items():
@@ -155,6 +159,11 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
             ) or "GPUs idle"
             st = " ".join(f"{n.split('-')[0]}={v}" for n, v in states.items())
             console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {line:60s} | {st}")
+            running = sum(v == "RUNNING" for v in states.values())
+            if prom is not None and running > snapshot_jobs:
+                taken = demo_monitoring.snapshot_table(prom)
+                if taken is not None:
+                    snapshot, snapshot_jobs = taken, running
         rec_job = (slurm.show_job(ids[RECOVERED]) or {})
         if rec_job.get("Restarts", "0") != "0" and not seen_oom:
             seen_oom = True
@@ -191,6 +200,7 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
     else:
         console.print(f"[bold red]Not every job completed[/]: {final}; "
                       f"see {cluster.layout.log}/colloc.log")
+    demo_monitoring.print_scene(console, snapshot, slurm, cfg, list(ids.values()))
     _final_reports(console, cluster, cfg, ids)
     ok = _safety_scene(console, cluster, slurm, workdir) and ok
     if site:

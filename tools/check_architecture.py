@@ -32,9 +32,11 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"metrics"}),
     frozenset({"node"}),
     frozenset({"report", "site", "selftest"}),
-    frozenset({"cli", "demo", "demo_site", "demo_attacks", "devcluster", "bench", "gpu.sim"}),
+    frozenset({"cli", "demo", "demo_site", "demo_attacks", "demo_monitoring", "devcluster",
+               "bench", "gpu.sim"}),
 )
-LAB = frozenset({"demo", "demo_site", "demo_attacks", "devcluster", "bench", "gpu.sim"})
+LAB = frozenset({"demo", "demo_site", "demo_attacks", "demo_monitoring", "devcluster", "bench",
+                 "gpu.sim"})
 """Lab units: no layer rule (they sit on top) and no length rule; the CLI shares their
 layer but is runtime."""
 ALLOWED_UP = {("slurm_colloc.gpu.select", "gpu.sim")}

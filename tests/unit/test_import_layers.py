@@ -21,7 +21,8 @@ RUNTIME = ["node", "metrics", "report", "site", "slurm", "accounting", "mps", "o
 RUNTIME_FILES = ["config.py", "procfs.py", "units.py", "detach.py", "safe_tree.py", "owner_read.py",
                  "log_escape.py"]
 LAB = ("slurm_colloc.devcluster", "slurm_colloc.bench", "slurm_colloc.demo",
-       "slurm_colloc.demo_site", "slurm_colloc.demo_attacks", "slurm_colloc.gpu.sim",
+       "slurm_colloc.demo_site", "slurm_colloc.demo_attacks", "slurm_colloc.demo_monitoring",
+       "slurm_colloc.gpu.sim",
        "slurm_colloc.selftest")
 ALLOWED = {("gpu/select.py", "slurm_colloc.gpu.sim.backend"),
            # `colloc selftest`: a site's check on its real GPUs, loaded when run
