@@ -8,6 +8,9 @@ Scenes (each uses the real sbatch/slurmctld/slurmd/slurmdbd and colloc's node sc
 2. The guessed job outgrows its share: it crashes with PyTorch's CUDA OOM, the epilog
    keeps its log and requeues it on a whole GPU, it completes; its neighbours are
    untouched. Accounting (sacct) shows every attempt.
+2b. What the site's monitoring sees: the per-job lines of the collector's
+   node_exporter textfile while the jobs share GPUs, and each job's fraction of a GPU
+   (``colloc admin gpu-shares``) for jobstats-style accounting.
 3. ``colloc-report`` for a collocated job and for the recovered one.
 4. The estimate for the next runs of the resnet50 job at three batch sizes, from its
    summary alone and with the peak the epilog filed in the estimator history.
