@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import string
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -226,6 +227,17 @@ class CollocConfig:
     its priority alone. Slurm keeps a GPU free for the boosted job only if backfill can
     plan, which needs time limits on jobs (a partition ``DefaultTime``); without them
     the boost still puts it first whenever a GPU is wholly free. At most 1,000,000."""
+    checkpoint_dir: str = ""
+    """Per-job checkpoint directory the TaskProlog makes (as the job's user, mode 0700)
+    and exports as ``COLLOC_CHECKPOINT_DIR``, with ``COLLOC_RESTART_COUNT``: a requeued
+    job (after a GPU OOM or a node failure) keeps its job id, so it finds the same
+    directory and resumes from its last checkpoint instead of from zero (the templates
+    in sbatch_templates/ do), and the report tells how much work an OOM cost. A template
+    with ``{jobid}`` and optionally ``{home}``, ``{user}``, ``{uid}``, absolute or
+    starting with ``{home}``, e.g. ``"{home}/.colloc/checkpoints/{jobid}"`` or
+    ``"/scratch/{user}/colloc-ckpt/{jobid}"`` (each directory on the way must be root's or
+    the user's, writable by no one else unless sticky). colloc never deletes it. Empty:
+    off (nothing made, nothing exported)."""
     log_scan_tail_mib: int = 64
     """How much of the end of each job log the epilog reads when looking for OOM."""
     evidence_dir: str = "/var/lib/colloc/evidence"
@@ -432,6 +444,8 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     if cfg.chain_task_prolog and not os.path.isabs(cfg.chain_task_prolog):
         raise ConfigError(f"{origin}: chain_task_prolog = {cfg.chain_task_prolog!r}: must "
                           "be an absolute path (Slurm runs task prologs without PATH)")
+    if (why := _checkpoint_template_error(cfg.checkpoint_dir)) is not None:
+        raise ConfigError(f"{origin}: checkpoint_dir = {cfg.checkpoint_dir!r}: {why}")
     if not os.path.isabs(cfg.compute_history_file):
         raise ConfigError(f"{origin}: compute_history_file = {cfg.compute_history_file!r}: "
                           "must be an absolute path (slurmctld reads it)")
@@ -448,6 +462,24 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
         raise ConfigError(f"{origin}: recovery_nice = {cfg.recovery_nice}: must be at most "
                           f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")
     return cfg
+
+
+def _checkpoint_template_error(template: str) -> str | None:
+    """Why ``checkpoint_dir`` cannot name one directory per job (None: fine or empty)."""
+    if not template:
+        return None
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        return str(e)
+    if fields - {"home", "user", "uid", "jobid"}:
+        return (f"unknown placeholder(s) {sorted(fields - {'home', 'user', 'uid', 'jobid'})}"
+                " (known: {home}, {user}, {uid}, {jobid})")
+    if "jobid" not in fields:
+        return "must contain {jobid} (one directory per job, the same in each attempt)"
+    if not (template.startswith("/") or template.startswith("{home}")):
+        return "must be an absolute path or start with {home}"
+    return None
 
 
 def config_path() -> Path:

@@ -105,12 +105,13 @@ def epilog_context(
 
 def task_prolog_main(env: Mapping[str, str]) -> int:
     """TaskProlog: the site's own first (``chain_task_prolog``), then the export lines
-    the prolog prepared.
+    the prolog prepared, then the job's checkpoint directory (``checkpoint_dir``).
 
     The exit status is the site's script's (Slurm fails the task on non-zero, as it
     would with the site's script alone); colloc's own errors never fail the task.
     """
     from slurm_colloc.node.chain import run_site_task_prolog
+    from slurm_colloc.node.checkpoint_dir import checkpoint_lines
     from slurm_colloc.node.task_prolog import export_lines
 
     status = 0
@@ -126,6 +127,7 @@ def task_prolog_main(env: Mapping[str, str]) -> int:
         if "task_prolog" in cfg.extra.get(FAULT_KEY, "").split(","):
             raise InjectedFault("task_prolog: injected fault")
         lines = export_lines(cfg.mps_root, int(env["SLURM_JOB_ID"]), task_env)
+        lines += checkpoint_lines(cfg.checkpoint_dir, task_env)
         sys.stdout.write("".join(f"{ln}\n" for ln in lines))
     except Exception as e:  # noqa: BLE001 - a TaskProlog error must not fail the task
         sys.stdout.write(f"print colloc: task prolog: internal error, no MPS settings: {e}\n")
