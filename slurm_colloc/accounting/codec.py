@@ -42,6 +42,7 @@ from typing import Any
 
 from slurm_colloc.accounting.record import (
     Attempt,
+    Enforcement,
     Estimate,
     JobRecord,
     MetricsSummary,
@@ -113,7 +114,8 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
             "h": a.node,
             "c": list(a.co_tenants),
             "o": _drop_none(
-                {"c": o.cause, "p": o.pattern_id, "ev": o.evidence_path, "w": o.whole_gpu or None}
+                {"c": o.cause, "p": o.pattern_id, "ev": o.evidence_path, "w": o.whole_gpu or None,
+                 "a": o.alloc_mib, "u": o.in_use_mib, "cj": o.culprit}
             )
             if o
             else None,
@@ -139,8 +141,39 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
             else None,
             "t0": a.start,
             "t1": a.end,
+            "v": _enforcement_to_json(a.enforcement),
         }
     )
+
+
+def _enforcement_to_json(v: Enforcement | None) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return _drop_none({"k": v.kind, "a": v.action, "p": v.peak_mib, "l": v.limit_mib,
+                       "o": v.outside_mps or None})
+
+
+def _oom_from_json(o: dict[str, Any] | None) -> OomInfo | None:
+    if o is None:
+        return None
+    return OomInfo(
+        cause=_cause(_get(o, "c", str, "none")),
+        pattern_id=_get(o, "p", str),
+        evidence_path=_get(o, "ev", str),
+        whole_gpu=_get(o, "w", bool, False),
+        alloc_mib=_mib(o, "a"),
+        in_use_mib=_mib(o, "u"),
+        culprit=_get(o, "cj", str),
+    )
+
+
+def _enforcement_from_json(v: dict[str, Any] | None) -> Enforcement | None:
+    """The collector's verdict of an attempt (absent in records before issue 27)."""
+    if v is None:
+        return None
+    return Enforcement(kind=_get(v, "k", str, "")[:32], action=_get(v, "a", str, "")[:32],
+                       peak_mib=_mib(v, "p"), limit_mib=_mib(v, "l"),
+                       outside_mps=_get(v, "o", bool, False))
 
 
 def _clamp(v: object, lo: int, hi: int) -> int:
@@ -321,14 +354,7 @@ def _attempt_from_json(d: Any) -> Attempt:
         gpu=_get(d, "g", int),
         node=_get(d, "h", str),
         co_tenants=tuple(co),
-        oom=OomInfo(
-            cause=_cause(_get(o, "c", str, "none")),
-            pattern_id=_get(o, "p", str),
-            evidence_path=_get(o, "ev", str),
-            whole_gpu=_get(o, "w", bool, False),
-        )
-        if o is not None
-        else None,
+        oom=_oom_from_json(o),
         requeue=Requeue(
             requeued=_get(r, "q", bool, False),
             reason=_get(r, "y", str, ""),
@@ -352,6 +378,7 @@ def _attempt_from_json(d: Any) -> Attempt:
         else None,
         start=_get(d, "t0", int),
         end=_get(d, "t1", int),
+        enforcement=_enforcement_from_json(_obj(d, "v")),
     )
 
 
@@ -557,9 +584,11 @@ def _strip_last(r: JobRecord) -> JobRecord | None:
             attempt=a.attempt,
             limit_mib=a.limit_mib,
             gpu=a.gpu,
-            oom=OomInfo(a.oom.cause, (a.oom.pattern_id or "")[:32] or None)
+            oom=OomInfo(a.oom.cause, (a.oom.pattern_id or "")[:32] or None,
+                        alloc_mib=a.oom.alloc_mib, culprit=a.oom.culprit)
             if a.oom
             else None,
+            enforcement=a.enforcement,
             requeue=Requeue(
                 a.requeue.requeued,
                 a.requeue.reason[:24],

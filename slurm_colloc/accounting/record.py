@@ -45,6 +45,29 @@ class OomInfo:
     """Where the epilog kept the failed attempt's log."""
     whole_gpu: bool = False
     """The attempt already had a GPU to itself (so the OOM is the job's own)."""
+    alloc_mib: int | None = None
+    """The allocation that failed, as the OOM line says (``Tried to allocate 10.00
+    GiB``; :mod:`slurm_colloc.oom.alloc`): a measured peak never includes it."""
+    in_use_mib: int | None = None
+    """What the process held when the allocation failed, if the line says."""
+    culprit: str | None = None
+    """The co-tenant job the collector caught over its allocation on this GPU while
+    this attempt ran out of memory (the victim's OOM was not its own fault)."""
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """The collector's verdict on the attempt (:class:`slurm_colloc.metrics.enforce.Verdict`,
+    kept by the epilog so the report can say colloc stopped the job, from any host)."""
+
+    kind: str
+    """``over_limit`` or ``outside_mps``."""
+    action: str
+    """``observed``, ``flagged``, ``killed`` or ``kill-refused``."""
+    peak_mib: int | None = None
+    limit_mib: int | None = None
+    outside_mps: bool = False
+    """A process of the job was seen outside MPS (whatever ``kind`` is)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +127,8 @@ class Attempt:
     start: int | None = None
     """Unix time (s) the attempt started."""
     end: int | None = None
+    enforcement: Enforcement | None = None
+    """What the node's collector found and did about this attempt (None: nothing)."""
 
 
 @dataclass(frozen=True)

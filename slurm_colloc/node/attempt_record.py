@@ -14,9 +14,16 @@ record alone lets ``colloc estimate`` on any host use the measured peak
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from slurm_colloc.accounting.record import Attempt, Estimate, MetricsSummary, OomInfo, Requeue
+from slurm_colloc.accounting.record import (
+    Attempt,
+    Enforcement,
+    Estimate,
+    MetricsSummary,
+    OomInfo,
+    Requeue,
+)
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.metrics import store
 from slurm_colloc.node.job import JobContext
@@ -37,6 +44,7 @@ def build_attempt(
     metrics: MetricsSummary | None = None,
     co_tenants: tuple[str, ...] = (),
     start: int | None = None,
+    story: AttemptStory | None = None,
 ) -> Attempt:
     """The attempt ``ctx.restarts`` of the job as the report will show it.
 
@@ -65,10 +73,7 @@ def build_attempt(
     elif sub is not None:
         estimate = replace(key, mib=sub.need_mib, estimator=sub.mode, fingerprint=fingerprint)
     whole = ctx.gpu_count > 0 or (shards_per_gpu is not None and ctx.shards >= shards_per_gpu)
-    oom = None
-    if cause != "none":
-        oom = OomInfo(cause=cause, pattern_id=pattern, evidence_path=evidence_path,
-                      whole_gpu=whole)
+    oom = _oom(cause, pattern, evidence_path, whole, story)
     requeue = None
     if reason is not None:
         requeue = Requeue(
@@ -82,7 +87,46 @@ def build_attempt(
         shards=ctx.shards or None, shard_mib=cfg.shard_mib if ctx.shards else None,
         limit_mib=limit, gpu=ctx.gpu, node=ctx.node or None, co_tenants=co_tenants,
         oom=oom, requeue=requeue, metrics=metrics, start=start, end=int(time.time()),
+        enforcement=story.enforcement if story is not None else None,
     )
+
+
+def _oom(cause: AttemptCause, pattern: str | None, evidence_path: str | None, whole: bool,
+         story: AttemptStory | None) -> OomInfo | None:
+    if cause == "none":
+        return None
+    s = story or AttemptStory()
+    return OomInfo(cause=cause, pattern_id=pattern, evidence_path=evidence_path,
+                   whole_gpu=whole, alloc_mib=s.alloc_mib, in_use_mib=s.in_use_mib,
+                   culprit=s.culprit)
+
+
+@dataclass(frozen=True)
+class AttemptStory:
+    """What ended the attempt, beyond its cause (issue 27): the allocation that failed
+    (from the OOM line), the co-tenant blamed for it, and the collector's verdict."""
+
+    alloc_mib: int | None = None
+    in_use_mib: int | None = None
+    culprit: str | None = None
+    enforcement: Enforcement | None = None
+
+
+def story_of(cfg: CollocConfig, job_id: int, attempt: int, evidence_line: str | None,
+             culprit: str | None) -> AttemptStory:
+    """The attempt's story from root-owned state: the collector's verdict file and the
+    OOM line the epilog's scan matched (numbers only are taken from it)."""
+    from slurm_colloc.metrics import enforce
+    from slurm_colloc.oom.alloc import failed_allocation
+
+    found = failed_allocation(evidence_line)
+    v = enforce.verdict_for(cfg, job_id, attempt)
+    return AttemptStory(
+        alloc_mib=found.alloc_mib if found else None,
+        in_use_mib=found.in_use_mib if found else None, culprit=culprit,
+        enforcement=Enforcement(kind=v.kind, action=v.action, peak_mib=v.peak_mib,
+                                limit_mib=v.limit_mib, outside_mps=v.outside_mps)
+        if v is not None else None)
 
 
 def _meta(ctx: JobContext, cfg: CollocConfig) -> store.JobMeta | None:

@@ -381,7 +381,7 @@ def _record_text(
     field): the caller records the error and requeues regardless.
     """
     from slurm_colloc.accounting.codec import append_attempt
-    from slurm_colloc.node.attempt_record import build_attempt
+    from slurm_colloc.node.attempt_record import build_attempt, story_of
 
     if ctx.submit is None and not ctx.is_shared and result.cause == "none":
         return None
@@ -392,6 +392,7 @@ def _record_text(
         requeued=bool(d and d.requeue), reason=d.reason if d else None,
         new_shards=d.new_shards if d else None, shards_per_gpu=result.shards_per_gpu,
         metrics=metrics, co_tenants=co_tenants,
+        story=story_of(cfg, ctx.job_id, ctx.restarts, result.evidence_line, result.culprit),
     )
     return append_attempt(ctx.record_text(cfg.record_field), attempt,
                           max_bytes=cfg.admin_comment_max_bytes)
