@@ -10,7 +10,9 @@ Contract (the cli_filter and sbatch templates depend on it):
   ``estimator``, ``breakdown`` (MiB per component), ``margin_mib`` (int),
   ``fingerprint`` (lowercase hex of the normalised summary), ``uncertainty`` and
   ``history_source`` (where measured peaks were looked for: ``accounting``,
-  ``sqlite`` or ``none`` with ``--no-history``).
+  ``sqlite`` or ``none`` with ``--no-history``); with the accounting history also
+  ``history_runs``: which of the user's runs of the model the estimate came from and
+  which were not used and why (:class:`slurm_colloc.accounting.history_runs.Provenance`).
 * Exit 0 on success; exit 2 with one line on stderr for bad input (unreadable,
   unparseable or oversized file, out-of-range batch size, unknown option value).
 
@@ -33,10 +35,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurm_colloc.estimators.physics import OPTIMIZERS, PRECISIONS
+
+if TYPE_CHECKING:
+    from slurm_colloc.accounting.history_runs import Provenance
+    from slurm_colloc.config import CollocConfig
+    from slurm_colloc.estimators import HistoryStore
 
 
 def _fail(message: str) -> None:
@@ -70,12 +78,7 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
              model_factory: str | None, no_history: bool, as_json: bool) -> None:
     """Estimate the peak GPU memory (MiB, as nvidia-smi shows it) of a training job."""
     from slurm_colloc.config import ConfigError, load
-    from slurm_colloc.estimators import (
-        EstimatorInputError,
-        HistoryStore,
-        SqliteHistory,
-        read_summary_file,
-    )
+    from slurm_colloc.estimators import EstimatorInputError, read_summary_file
     from slurm_colloc.estimators import estimate as run_estimate
 
     try:
@@ -83,18 +86,7 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
     except ConfigError as e:
         _fail(str(e))
         return
-    history: HistoryStore | None = None
-    source = "none"
-    if no_history:
-        pass
-    elif cfg.history_source == "sqlite":
-        history, source = SqliteHistory(cfg.history_db, uid=os.getuid()), "sqlite"
-    else:
-        from slurm_colloc.accounting.history import AccountingHistory
-
-        history = AccountingHistory(uid=os.getuid(), days=cfg.history_days, warn=_warn,
-                                    prefer=cfg.record_field)
-        source = "accounting"
+    history, source = _history(cfg, no_history)
     try:
         summary = read_summary_file(Path(summary_path))
         result = run_estimate(
@@ -111,8 +103,11 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
     except EstimatorInputError as e:
         _fail(str(e))
         return
+    runs = _provenance(history, result.fingerprint, batch_size, seq_len, optimizer, precision)
     if as_json:
-        click.echo(json.dumps({**result.to_json(), "history_source": source}, sort_keys=True))
+        extra = {"history_runs": runs.to_json()} if runs is not None else {}
+        click.echo(json.dumps({**result.to_json(), "history_source": source, **extra},
+                              sort_keys=True))
         return
     click.echo(f"{result.estimate_mib} MiB ({result.estimator}, margin {result.margin_mib} MiB, "
                f"fingerprint {result.fingerprint})")
@@ -122,3 +117,29 @@ def estimate(summary_path: str, batch_size: int, seq_len: int | None, optimizer:
     if isinstance(notes, list):
         for note in notes:
             click.echo(f"  note: {note}")
+    if runs is not None and (runs.used or runs.bounds or runs.ignored):
+        click.echo(f"  history: {runs.line()}")
+
+
+def _history(cfg: CollocConfig, no_history: bool) -> tuple[HistoryStore | None, str]:
+    """The caller's history store and its ``history_source`` name."""
+    from slurm_colloc.estimators import SqliteHistory
+
+    if no_history:
+        return None, "none"
+    if cfg.history_source == "sqlite":
+        return SqliteHistory(cfg.history_db, uid=os.getuid()), "sqlite"
+    from slurm_colloc.accounting.history import AccountingHistory
+
+    return AccountingHistory(uid=os.getuid(), days=cfg.history_days, warn=_warn,
+                             prefer=cfg.record_field), "accounting"
+
+
+def _provenance(history: object, fingerprint: str, batch_size: int, seq_len: int | None,
+                optimizer: str, precision: str) -> Provenance | None:
+    """Which of the user's runs the estimate came from (accounting history only)."""
+    from slurm_colloc.accounting.history import AccountingHistory
+
+    if not isinstance(history, AccountingHistory):
+        return None
+    return history.provenance(fingerprint, batch_size, seq_len, optimizer, precision)

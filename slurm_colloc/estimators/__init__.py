@@ -16,8 +16,8 @@ import math
 
 from slurm_colloc.estimators.base import Estimate, Estimator, Job
 from slurm_colloc.estimators.errors import EstimatorInputError, SummaryParseError
-from slurm_colloc.estimators.history import HistoryStore, SqliteHistory
-from slurm_colloc.estimators.history_scaling import scale_history
+from slurm_colloc.estimators.history import HistoryBounds, HistoryStore, SqliteHistory
+from slurm_colloc.estimators.history_scaling import HISTORY_MARGIN, scale_history
 from slurm_colloc.estimators.model import Layer, ModelSummary
 from slurm_colloc.estimators.parsers import parse_summary, read_summary_file
 from slurm_colloc.estimators.registry import DEFAULT, get, names
@@ -26,6 +26,7 @@ __all__ = [
     "Estimate",
     "Estimator",
     "EstimatorInputError",
+    "HistoryBounds",
     "HistoryStore",
     "Job",
     "Layer",
@@ -70,12 +71,36 @@ def estimate(
     job = Job(batch_size=batch_size, seq_len=seq_len, optimizer=optimizer, precision=precision,
               attention=attention)
     est = get(estimator, model_factory=model_factory)
-    if history is not None:
-        fp = parsed.fingerprint()
-        points = history.peaks(fp, seq_len, optimizer, precision)
-        if points:
-            return _from_history(points, parsed, job, est, estimator)
-    return est.estimate(parsed, job)
+    if history is None:
+        return est.estimate(parsed, job)
+    fp = parsed.fingerprint()
+    points = history.peaks(fp, seq_len, optimizer, precision)
+    result = _from_history(points, parsed, job, est, estimator) if points else \
+        est.estimate(parsed, job)
+    if isinstance(history, HistoryBounds):
+        return _raised_to_bounds(result, history.floors(fp, seq_len, optimizer, precision),
+                                 batch_size)
+    return result
+
+
+def _raised_to_bounds(result: Estimate, bounds: dict[int, int], batch_size: int) -> Estimate:
+    """``result``, raised to the lower bounds of incomplete runs (issue 27): a peak
+    sampled with gaps, or of a killed run, is at least what the job needs, so it may
+    raise the estimate (plus the history margin), never lower it."""
+    below = [p for b, p in bounds.items() if 0 < b <= batch_size and p > 0]
+    if not below:
+        return result
+    floor = math.ceil(max(below) * (1 + HISTORY_MARGIN))
+    if floor <= result.estimate_mib:
+        return result
+    notes = result.notes
+    notes.append(f"raised from {result.estimate_mib} MiB to {floor} MiB: an incomplete "
+                 f"run of this model reached {max(below)} MiB")
+    return dataclasses.replace(
+        result, estimate_mib=floor,
+        breakdown={**result.breakdown, "incomplete_run_floor":
+                   float(floor - result.estimate_mib)},
+        uncertainty={**result.uncertainty, "notes": notes, "floor_mib": floor})
 
 
 def _from_history(points: dict[int, int], parsed: ModelSummary, job: Job, est: Estimator,

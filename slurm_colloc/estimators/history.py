@@ -65,11 +65,11 @@ import sqlite3
 import stat
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from slurm_colloc.estimators.history_scaling import HISTORY_MARGIN
 
-__all__ = ["HISTORY_MARGIN", "HistoryStore", "HistoryUnsafe", "SqliteHistory"]
+__all__ = ["HISTORY_MARGIN", "HistoryBounds", "HistoryStore", "HistoryUnsafe", "SqliteHistory"]
 
 
 class HistoryStore(Protocol):
@@ -90,6 +90,18 @@ class HistoryStore(Protocol):
     def record(self, fingerprint: str, batch_size: int, seq_len: int | None, optimizer: str,
                precision: str, peak_mib: int, job_id: str | None = None) -> None:
         """Remember a measured peak."""
+        ...
+
+
+@runtime_checkable
+class HistoryBounds(Protocol):
+    """A store that also knows lower bounds: peaks of incomplete attempts (sampling
+    gaps, killed, OOM'd: :mod:`slurm_colloc.accounting.history_runs`). They may raise
+    an estimate to the bound plus the history margin, never lower it (issue 27)."""
+
+    def floors(self, fingerprint: str, seq_len: int | None, optimizer: str,
+               precision: str) -> dict[int, int]:
+        """Largest lower bound (MiB) by batch size for the key without the batch size."""
         ...
 
 

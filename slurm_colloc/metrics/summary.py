@@ -138,9 +138,12 @@ def record_history(
 ) -> str:
     """File the attempt's measured peak in the estimator history; returns what it did.
 
-    Only a successful attempt counts: a job killed by OOM shows the limit it hit, not
-    what it needed. Without a fingerprint and batch size (no ``--colloc=SUMMARY``)
-    there is no key to file it under. The peak is filed under the job owner's uid as
+    Only a successful, completely sampled attempt counts: a job killed by OOM shows
+    the limit it hit, not what it needed, and a peak sampled while the collector was
+    down for part of the attempt is only part of it (sqlite keeps one largest peak per
+    key, so such a lower bound is left out; the accounting history uses it as one).
+    Without a fingerprint and batch size (no ``--colloc=SUMMARY``) there is no key to
+    file it under. The peak is filed under the job owner's uid as
     the prolog recorded it (root-side ``JobMeta.uid``); ``uid``, when the caller (the
     epilog, from slurmd's environment) knows it too, must agree or nothing is filed.
     """
@@ -148,6 +151,9 @@ def record_history(
         return "not recorded: attempt failed"
     if summary is None or not summary.peak_mib or summary.peak_mib <= 0 or summary.samples == 0:
         return "not recorded: no measurement"
+    down = sum(g[1] for g in summary.gaps if g[2] == "collector")
+    if down > 0:  # a partial peak would size the next run too small (issue 27)
+        return f"not recorded: sampling gaps (collector down {down} s)"
     meta = store.read_meta(cfg.metrics_dir, job_id, attempt)
     if meta is None or not meta.fingerprint or not meta.batch_size:
         return "not recorded: no model fingerprint or batch size"

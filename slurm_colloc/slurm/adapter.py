@@ -46,6 +46,9 @@ __all__ = [
 
 MAX_HISTORY_JOBS = 5000
 """At most this many of a user's newest finished jobs are read for the history."""
+_STATE_NAMES = {"CD": "COMPLETED", "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT",
+                "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL", "PR": "PREEMPTED", "DL": "DEADLINE"}
+"""sacct's short state names :meth:`SlurmCli.finished_jobs_of_user` accepts."""
 
 
 def by_start(records: Sequence[AccountingRecord]) -> list[AccountingRecord]:
@@ -105,10 +108,11 @@ class SlurmAdapter(abc.ABC):
 
     def finished_jobs_of_user(
         self, user: str, since_days: int, *, timeout: float | None = None,
-        warn: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None, states: tuple[str, ...] = ("CD",),
     ) -> list[AccountingRecord]:
-        """``user``'s jobs (allocations, every attempt) that COMPLETED in the last
-        ``since_days`` days, from slurmdbd; only records Slurm reports as ``user``'s.
+        """``user``'s jobs (allocations, every attempt) that ended in one of ``states``
+        (sacct's short names; default COMPLETED) in the last ``since_days`` days, from
+        slurmdbd; only records Slurm reports as ``user``'s.
 
         Raises :class:`SlurmError` when slurmdbd cannot be asked (or in time): the
         caller decides what "unknown" means. Adapters without it raise too. ``warn``
@@ -311,19 +315,23 @@ class SlurmCli(SlurmAdapter):
 
     def finished_jobs_of_user(
         self, user: str, since_days: int, *, timeout: float | None = None,
-        warn: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None, states: tuple[str, ...] = ("CD",),
     ) -> list[AccountingRecord]:
         # `sacct --json` honours --user on 24.11+ (22.05's did not); user and state are
         # still checked on each record, and only the newest MAX_HISTORY_JOBS are kept.
         if not user or not all(c.isalnum() or c in "._-@$" for c in user):
             raise SlurmError(f"not a user name: {user[:40]!r}")
+        names = {_STATE_NAMES[s] for s in states if s in _STATE_NAMES}
+        if not names:
+            raise SlurmError(f"no known job state in {states!r}")
         days = max(1, int(since_days))
         cp = self._run("sacct", *sacct_json.SACCT_JSON_ARGS, f"--user={user}",
-                       f"--starttime=now-{days}days", "--endtime=now", "--state=CD",
+                       f"--starttime=now-{days}days", "--endtime=now",
+                       "--state=" + ",".join(s for s in states if s in _STATE_NAMES),
                        timeout=timeout)
         recs = [
             r for r in sacct_json.parse(cp.stdout, warn=warn)
-            if r.fields.get("User") == user and r.state == "COMPLETED"
+            if r.fields.get("User") == user and r.state.split(" ")[0] in names
         ]
         return recs[-MAX_HISTORY_JOBS:]
 

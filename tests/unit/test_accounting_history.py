@@ -94,7 +94,7 @@ def _history(monkeypatch: pytest.MonkeyPatch, fake: FakeRun,
     return h, warnings
 
 
-def test_asks_sacct_for_the_callers_completed_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_asks_sacct_for_the_callers_ended_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeRun(_sacct(_job(10, ME, _comment(_attempt()))))
     h, warnings = _history(monkeypatch, fake, days=30, timeout=7)
     assert h.peaks(FP, None, "adam", "fp32") == {32: 9000}
@@ -103,7 +103,9 @@ def test_asks_sacct_for_the_callers_completed_jobs(monkeypatch: pytest.MonkeyPat
     assert warnings == [] and h.jobs_read == 1
     (argv,) = fake.calls  # asked once, however many lookups; sacct --json honours --user
     assert argv[0] == "/usr/bin/sacct" and ad.JSON_FLAG in argv and "--jobs" not in argv
-    assert f"--user={ME}" in argv and "--starttime=now-30days" in argv and "--state=CD" in argv
+    assert f"--user={ME}" in argv and "--starttime=now-30days" in argv
+    # every ended state: incomplete runs are lower bounds (issue 27)
+    assert "--state=CD,F,CA,TO,OOM,NF,PR,DL" in argv
     assert fake.timeouts == [7]
 
 
