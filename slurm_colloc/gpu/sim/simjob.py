@@ -24,6 +24,12 @@ every other client of the same server, as Volta+ MPS does: those jobs die with t
 same PyTorch error, and the server refuses new clients of that user until all of
 them have exited (:mod:`.mps_protocol`).
 
+With a checkpoint directory (``--checkpoint-dir``, by default ``COLLOC_CHECKPOINT_DIR``,
+which colloc's TaskProlog exports) it saves its progress every ``--checkpoint-every``
+seconds of work and, started again (a requeue), resumes from the last save, printing
+how much work it resumed from and, on every exit, how much work this attempt did
+(:mod:`.sim_checkpoint`).
+
 Exit codes: 0 done; 1 a CUDA error, as PyTorch exits on an uncaught exception: out
 of memory, an illegal memory access (its own ``--fault-at``, or another client's
 reported by MPS), an MPS server not ready to accept new clients (recovering from
@@ -50,7 +56,7 @@ from pathlib import Path
 from typing import TextIO
 
 from slurm_colloc.gpu.backend import GpuBackendError
-from slurm_colloc.gpu.sim import mps_client
+from slurm_colloc.gpu.sim import mps_client, sim_checkpoint
 from slurm_colloc.gpu.sim.cuda_errors import (
     ILLEGAL_ADDRESS,
     MEMORY_ALLOCATION,
@@ -129,6 +135,10 @@ class JobSpec:
     state_dir: Path
     time_scale: float | None
     fault_at: float | None = None
+    checkpoint_dir: Path | None = None
+    """Where progress is saved and resumed from (:mod:`.sim_checkpoint`); None: nowhere."""
+    checkpoint_every: float = 0.0
+    """Seconds of work between saves (0 with a directory: a tenth of the work)."""
 
 
 def _size(text: str, what: str) -> int:
@@ -162,6 +172,15 @@ def parse_args(argv: list[str] | None) -> JobSpec:
     p.add_argument("--seconds", type=float, default=10.0, help="work, in seconds on an idle GPU")
     p.add_argument("--gpu-state", help="sim state dir (default $COLLOC_SIM_STATE, then config)")
     p.add_argument(
+        "--checkpoint-dir",
+        help="save progress here and resume from it after a requeue "
+        f"(default ${sim_checkpoint.ENV_DIR}; empty: none)",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=float, default=0.0, metavar="SECONDS",
+        help="seconds of work between checkpoints (default: a tenth of --seconds)",
+    )
+    p.add_argument(
         "--time-scale", type=float, help="sim seconds per wall second (default: state/env)"
     )
     argv = _glue_negative_values(sys.argv[1:] if argv is None else argv)
@@ -185,6 +204,11 @@ def parse_args(argv: list[str] | None) -> JobSpec:
         raise UsageError(f"--seconds {a.seconds}: must be positive")
     if a.time_scale is not None and not a.time_scale > 0:
         raise UsageError(f"--time-scale {a.time_scale}: must be positive")
+    if a.checkpoint_every < 0:
+        raise UsageError(f"--checkpoint-every {a.checkpoint_every}: must not be negative")
+    ckpt = a.checkpoint_dir
+    if ckpt is None:
+        ckpt = os.environ.get(sim_checkpoint.ENV_DIR, "")
     return JobSpec(
         mem,
         peak,
@@ -194,6 +218,8 @@ def parse_args(argv: list[str] | None) -> JobSpec:
         _state_dir(a.gpu_state),
         a.time_scale,
         a.fault_at,
+        Path(ckpt) if ckpt else None,
+        a.checkpoint_every or a.seconds / 10,
     )
 
 
@@ -364,6 +390,8 @@ class SimJob:
         self.mps_eof = False  # the daemon went away: nothing more to hear
         self.pid = os.getpid()
         self.start_ticks = process_start_ticks(self.pid) or 0
+        self.resumed_s = 0.0  # work a checkpoint said was done before this attempt
+        self.done_s = 0.0  # work done, this attempt's and the resumed
 
     @property
     def device(self) -> int:
@@ -596,12 +624,13 @@ class SimJob:
     # --- the training loop --------------------------------------------------------
     def train(self, scale: float) -> bool:
         """Do the work; returns False if stopped by a signal."""
-        work, done, wall0 = self.job.seconds, 0.0, time.monotonic()
+        work, done, wall0 = self.job.seconds, self.resume(), time.monotonic()
         peak_pending = self.peak_mib > self.mem_mib
         # fewer SMs than it would use: slower even alone, on top of any co-tenants
         cap = thread_cap(self.job.sm_pct, self.thread_pct)
         fault_at = self.job.fault_at
-        next_report, last = 1, time.monotonic()
+        next_report, last = int(done * 10 // work) + 1, time.monotonic()
+        saved = done
         while done < work:
             if self.stop:
                 return False
@@ -615,8 +644,11 @@ class SimJob:
             now = time.monotonic()
             tenants = read_records(self.job.state_dir, self.device)
             rate = rate_for(tenants, self.pid) * cap
-            done = min(work, done + (now - last) * scale * rate)
+            done = self.done_s = min(work, done + (now - last) * scale * rate)
             last = now
+            if self.job.checkpoint_dir is not None and done - saved >= self.job.checkpoint_every:
+                self.checkpoint(done)
+                saved = done
             while next_report <= 10 and done >= work * next_report / 10:
                 self._say(
                     f"epoch {next_report}/10 {next_report * 10:3d}% | work {done:.1f}/{work:g} s"
@@ -631,9 +663,39 @@ class SimJob:
         wall = time.monotonic() - wall0
         self._say(
             f"done: {work:g} s of work in {wall:.1f} s wall (x{scale:g} time scale, "
-            f"mean speed {work / (wall * scale):.2f}x), peak {self.used_mib} MiB on GPU {self.gpu}"
+            f"mean speed {(work - self.resumed_s) / max(wall * scale, 1e-9):.2f}x), "
+            f"peak {self.used_mib} MiB on GPU {self.gpu}"
         )
         return True
+
+    def resume(self) -> float:
+        """The work done before this attempt per its checkpoint (0: none), said."""
+        d = self.job.checkpoint_dir
+        if d is None:
+            return 0.0
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            self._say_err(f"checkpoint directory {d}: {e}")
+        got = sim_checkpoint.load(d, self.job.seconds)
+        self._say(got.note)
+        self.resumed_s = self.done_s = got.done_s
+        return got.done_s
+
+    def checkpoint(self, done: float) -> None:
+        """Save ``done``; a failure is said once per save and the job goes on."""
+        assert self.job.checkpoint_dir is not None
+        try:
+            sim_checkpoint.save(self.job.checkpoint_dir, self.job.seconds, done)
+        except OSError as e:
+            self._say_err(f"checkpoint not saved in {self.job.checkpoint_dir}: {e}")
+            return
+        self._say(f"checkpoint saved: {done:.1f}/{self.job.seconds:g} s of work")
+
+    def work_line(self) -> str:
+        """How much work this attempt did, and from where (the requeue tests read it)."""
+        return (f"work this attempt: {self.done_s - self.resumed_s:.1f} s "
+                f"(from {self.resumed_s:.1f} to {self.done_s:.1f} of {self.job.seconds:g} s)")
 
     def _say(self, msg: str) -> None:
         print(f"[colloc-simjob] {msg}", file=self.out, flush=True)
@@ -677,6 +739,8 @@ def run(job: JobSpec, env: dict[str, str], out: TextIO, err: TextIO) -> int:
         sim.release()
         for s, h in old.items():
             signal.signal(s, h)
+        if job.checkpoint_dir is not None:
+            sim._say(sim.work_line())
     if not finished and got:
         sim._say_err(f"stopped by signal {got[0]}; GPU memory released")
         os.kill(os.getpid(), got[0])  # die of the signal, as a real job does
