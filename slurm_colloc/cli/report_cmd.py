@@ -5,9 +5,12 @@ only this module prints. What is shown:
 
 - one JOB_ID (``123`` or an array task ``123_4``): the job's report (text, ``--json``,
   ``--html FILE``); an array job's id lists its tasks as a table;
-- several JOB_IDs, or ``--user``/``--account``/``--state``/``--since``: the job table
-  (reportseff-like: memory efficiency, estimate accuracy, OOMs, GPU-hours saved) and
-  the period's totals (collocated jobs, recoveries, accuracy per estimator).
+- several JOB_IDs, or ``--user``/``--account``/``--partition``/``--state``/``--since``:
+  the job table (reportseff-like: memory efficiency, estimate accuracy, OOMs, whether
+  the job shared a GPU, GPU-hours saved; ``--format`` picks the columns) and the
+  period's totals (collocated jobs, recoveries, accuracy per estimator). State and
+  partition are sacct's own filters for a period (``sacct -s/-r``, so the table
+  counts what ``sacct`` lists), and the jobs' final states for named jobs.
 
 Exit codes: 0 report shown; 2 any error, one line on stderr (unknown job, as seff;
 bad option, unwritable ``--html``, broken config, Slurm unreachable); 3 the job has
@@ -36,7 +39,7 @@ STATE_CODES = {
     "CD": "COMPLETED", "F": "FAILED", "R": "RUNNING", "PD": "PENDING", "CA": "CANCELLED",
     "TO": "TIMEOUT", "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL", "PR": "PREEMPTED",
     "RQ": "REQUEUED", "S": "SUSPENDED", "CG": "COMPLETING", "BF": "BOOT_FAIL",
-    "DL": "DEADLINE",
+    "DL": "DEADLINE", "RV": "REVOKED", "SE": "SPECIAL_EXIT", "RS": "RESIZING",
 }
 
 
@@ -54,6 +57,9 @@ class ReportParams:
     """Further job ids (the table); ``job_id`` is the first."""
     account: str | None = None
     states: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
+    """Table columns (``--format``; empty: the default)."""
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -64,7 +70,7 @@ class ReportParams:
     def table(self) -> bool:
         """A job table rather than one job's report."""
         return len(self.ids) != 1 or any(
-            (self.since, self.user, self.account, self.states))
+            (self.since, self.user, self.account, self.states, self.partitions))
 
 
 class ReportError(Exception):
@@ -95,6 +101,20 @@ def parse_states(text: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def parse_partitions(text: str | None) -> tuple[str, ...]:
+    """``--partition gpu,debug`` -> ('gpu', 'debug'); a name is what Slurm allows."""
+    out = []
+    for part in (text or "").split(","):
+        p = part.strip()
+        if not p:
+            continue
+        if len(p) > 64 or not all(c.isalnum() or c in "._-" for c in p):
+            raise click.BadParameter(f"{p[:40]!r}: not a partition name",
+                                     param_hint="--partition")
+        out.append(p)
+    return tuple(dict.fromkeys(out))
+
+
 def _job_id(value: str) -> str:
     from slurm_colloc.report.inquirer import _JOB_ID
 
@@ -117,10 +137,16 @@ def _job_id(value: str) -> str:
 @click.option("--user", "-u", help="Only this user's jobs.")
 @click.option("--account", "-A", help="Only this account's jobs.")
 @click.option("--state", "-s", "state", metavar="STATES",
-              help="Only jobs in these states, comma-separated (COMPLETED,FAILED or CD,F).")
+              help="Only jobs in these states, comma-separated (COMPLETED,FAILED or "
+                   "CD,F,OOM,R; as sacct -s).")
+@click.option("--partition", "-r", "partition", metavar="PARTITIONS",
+              help="Only jobs of these partitions, comma-separated (as sacct -r).")
+@click.option("--format", "-o", "fmt", metavar="COLUMNS",
+              help="Table columns, comma-separated (e.g. JobID,State,MemEff,Saved; "
+                   "+Partition adds to the default).")
 def report(job_ids: tuple[str, ...], as_json: bool, html: Path | None, since: str | None,
            until: str | None, user: str | None, account: str | None,
-           state: str | None) -> None:
+           state: str | None, partition: str | None, fmt: str | None) -> None:
     """Report what the GPU did for JOB_ID, or a table of jobs.
 
     \b
@@ -128,14 +154,23 @@ def report(job_ids: tuple[str, ...], as_json: bool, html: Path | None, since: st
     colloc report 1234 --html r.html   ... and a page with plots
     colloc report 1234_7               one task of an array job (1234 lists them all)
     colloc report -u alice -S now-3days -s CD,F    a table (reportseff-like)
+    colloc report -u alice --format JobID,State,MemEff,Saved -r gpu
     """
+    from slurm_colloc.report.jobs import FormatError, parse_format
+
     ids = tuple(_job_id(j) for j in job_ids)
     states = parse_states(state)
+    partitions = parse_partitions(partition)
+    try:
+        columns = parse_format(fmt)
+    except FormatError as e:
+        raise click.BadParameter(str(e), param_hint="--format") from e
     params = ReportParams(ids[0] if ids else None, as_json, html, since, until, user,
-                          job_ids=ids, account=account, states=states)
-    if not ids and not any((since, user, account, states)):
-        raise click.UsageError("give a JOB_ID, or --user/--account/--state/--since for a "
-                               "table of jobs")
+                          job_ids=ids, account=account, states=states,
+                          partitions=partitions, columns=columns if fmt else ())
+    if not ids and not any((since, user, account, states, partitions)):
+        raise click.UsageError("give a JOB_ID, or --user/--account/--partition/--state/"
+                               "--since for a table of jobs")
     if html is not None and params.table:
         raise click.UsageError("--html is for the report of one job")
     if html is not None and not html.parent.is_dir():
@@ -162,9 +197,10 @@ def _table(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer: Any,
 
     since = params.since or (DEFAULT_SINCE if not ids else None)
     q = JobQuery(ids=ids, user=params.user, account=params.account, since=since,
-                 until=params.until, states=params.states)
+                 until=params.until, states=params.states, partitions=params.partitions)
     rows = inquirer.query(q)
-    if ids and not rows and not params.states and not params.user and not params.account:
+    if ids and not rows and not any((params.states, params.user, params.account,
+                                      params.partitions)):
         raise ReportError(f"job(s) {', '.join(ids)}: not known to Slurm (controller or "
                           "accounting)")
     table = jobs.build_table(rows, cfg, q)
@@ -183,7 +219,7 @@ def _table(params: ReportParams, cfg: cfgmod.CollocConfig, inquirer: Any,
         return 0
     # a wide table: never squeezed below 140 columns (a pipe or file reads as 80)
     console = Console(highlight=False, width=max(Console().width, 140))
-    console.print(jobs.render(table))
+    console.print(jobs.render(table, params.columns or jobs.DEFAULT_FORMAT))
     if params.since is not None or not ids:
         console.print("")
         console.print(admin.render(summary))

@@ -1,8 +1,10 @@
 """Admin view over a period: ``colloc report --since DATE [--user U]``.
 
-- jobs collocated: colloc jobs whose (last) share was smaller than a whole GPU;
-- GPU-hours saved against whole-GPU allocation: per shared attempt, elapsed x
-  (1 - shards / shards per GPU), i.e. the GPU time other jobs could use;
+- jobs collocated: colloc jobs that shared a GPU with another job during their run
+  (overlapping time on the same GPU among the period's jobs, or co-tenants in the
+  record); holding fewer shards than a GPU has while running alone is not sharing;
+- GPU-hours allocated and saved against whole-GPU allocation (allocated + saved =
+  whole-GPU-equivalent; saved only while sharing): :mod:`.usage` has the rules;
 - OOM crashes and recoveries (a recovery: a requeued job that then completed);
 - estimator accuracy: estimate vs measured peak of completed attempts, per estimator.
 """
@@ -17,7 +19,7 @@ from typing import Any
 from slurm_colloc.config import CollocConfig, RecordField
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.report.inquirer import JobRow
-from slurm_colloc.report.usage import attempt_usage, job_records
+from slurm_colloc.report.usage import Usage, job_records, report_usage
 
 
 @dataclass
@@ -44,6 +46,8 @@ class PeriodSummary:
     collocated: int = 0
     gpu_hours_used: float = 0.0
     gpu_hours_saved: float = 0.0
+    whole_gpu_hours: float = 0.0
+    """gpu_hours_used + gpu_hours_saved (a whole GPU per attempt)."""
     oom_crashes: int = 0
     recovered: int = 0
     estimators: list[EstimatorStats] = field(default_factory=list)
@@ -63,6 +67,7 @@ class _JobFold:
     """One job's contribution to the period (committed only when it folded cleanly)."""
 
     collocated: bool = False
+    hours_whole: float = 0.0
     hours_used: float = 0.0
     hours_saved: float = 0.0
     oom_crashes: int = 0
@@ -71,20 +76,20 @@ class _JobFold:
     """(estimator, under-estimated, error %) of a completed, measured job."""
 
 
-def _fold_job(lines: list[JobRow], spg: int,
+def _fold_job(lines: list[JobRow], u: Usage | None,
               prefer: RecordField = "admin_comment") -> _JobFold | None:
-    """A colloc job's figures from its accounting lines; None for a non-colloc job
-    (``prefer``: config ``record_field``)."""
+    """A colloc job's figures from its accounting lines and usage (None: records
+    unreadable); None for a non-colloc job (``prefer``: config ``record_field``)."""
     rec, sub = job_records(lines, prefer)
     if rec is None and sub is None:
         return None
+    if u is None:
+        raise ValueError("records unreadable")
     f = _JobFold()
     attempts = rec.attempts if rec else ()
-    u = attempt_usage(lines, attempts, spg)
     f.collocated, f.hours_saved, f.hours_used = u.shared, u.gpu_hours_saved, u.gpu_hours
+    f.hours_whole = u.whole_gpu_hours
     f.oom_crashes = u.gpu_crashes
-    if not attempts and sub is not None and sub.shards < spg:
-        f.collocated = True
     # latest attempt: sacct does not order them; one not started yet is the latest
     final = max(
         enumerate(lines),
@@ -104,7 +109,7 @@ def _fold_job(lines: list[JobRow], spg: int,
 
 
 def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
-                     user: str | None) -> PeriodSummary:
+                     user: str | None, now: float | None = None) -> PeriodSummary:
     """Aggregate the period's accounting lines (pure).
 
     A job whose lines or record cannot be folded (absurd numbers, a record that
@@ -121,9 +126,12 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
         out.warnings.append(f"gpu_memory_mib = 0 in colloc.conf: GPU-hours assume {spg} "
                             "shards per GPU; set gpu_memory_mib to your GPUs' memory")
     stats: dict[str, EstimatorStats] = {}
+    for lines in by_job.values():
+        lines.sort(key=lambda r: (r.start is None, r.start or 0))
+    usage = report_usage(by_job, spg, cfg.record_field, now)
     for job_id, lines in by_job.items():
         try:
-            f = _fold_job(lines, spg, cfg.record_field)
+            f = _fold_job(lines, usage.get(job_id), cfg.record_field)
         except Exception as e:  # noqa: BLE001 - any bad job is skipped, never fatal
             out.warnings.append(f"job {job_id}: skipped, its accounting data is malformed "
                                 f"({type(e).__name__})")
@@ -134,6 +142,7 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
         out.collocated += f.collocated
         out.gpu_hours_used += f.hours_used
         out.gpu_hours_saved += f.hours_saved
+        out.whole_gpu_hours += f.hours_whole
         out.oom_crashes += f.oom_crashes
         out.recovered += f.recovered
         if f.accuracy is not None:
@@ -145,8 +154,9 @@ def summarize_period(rows: list[JobRow], cfg: CollocConfig, since: str,
     for s in stats.values():
         s.median_error_pct = round(statistics.median(s.errors), 1) if s.errors else None
     out.estimators = sorted(stats.values(), key=lambda s: -s.jobs)
-    out.gpu_hours_saved = round(out.gpu_hours_saved, 3)
+    out.whole_gpu_hours = round(out.whole_gpu_hours, 3)
     out.gpu_hours_used = round(out.gpu_hours_used, 3)
+    out.gpu_hours_saved = round(out.gpu_hours_saved, 3)  # each rounded: sums to +-0.001
     return out
 
 
@@ -170,6 +180,7 @@ def render(p: PeriodSummary) -> Any:
     head.add_row("Collocated (shared a GPU)", str(p.collocated))
     head.add_row("GPU-hours allocated", f"{p.gpu_hours_used:.2f}")
     head.add_row("GPU-hours saved vs whole GPUs", f"{p.gpu_hours_saved:.2f}")
+    head.add_row("Whole-GPU-equivalent GPU-hours", f"{p.whole_gpu_hours:.2f}")
     head.add_row("GPU OOM crashes", str(p.oom_crashes))
     head.add_row("Recovered by requeue", str(p.recovered))
     t = Table("estimator", "jobs", "under-estimated", "median error", header_style="bold")

@@ -83,6 +83,7 @@ class JobRow:
     account: str = ""
     system_comment: str = ""
     """Where colloc's ``cl1:`` record is at jobstats sites (config ``record_field``)."""
+    partition: str = ""
 
     def record_texts(self, prefer: RecordField = "admin_comment") -> list[str]:
         """The texts that may hold colloc's record, the configured field first."""
@@ -105,7 +106,7 @@ class JobRow:
             node=f.get("NodeList", ""), alloc_tres=f.get("AllocTRES", ""),
             req_tres=f.get("ReqTRES", ""), admin_comment=f.get("AdminComment", ""),
             display_id=f.get("JobID", ""), account=f.get("Account", ""),
-            system_comment=f.get("SystemComment", ""),
+            system_comment=f.get("SystemComment", ""), partition=f.get("Partition", ""),
         )
 
 
@@ -184,14 +185,26 @@ class JobQuery:
     until: str | None = None
     states: tuple[str, ...] = ()
     """Slurm state names (upper case, e.g. COMPLETED, FAILED, RUNNING); empty = all."""
+    partitions: tuple[str, ...] = ()
+    """Partition names; empty = all."""
 
     def keeps(self, r: JobRow) -> bool:
-        """Whether ``r`` passes the user/account/state filters (ids are asked for)."""
+        """Whether ``r`` passes the user/account filters (ids are asked for)."""
         if self.user is not None and r.user != self.user:
             return False
-        if self.account is not None and r.account != self.account:
+        return self.account is None or r.account == self.account
+
+    def keeps_job(self, lines: list[JobRow]) -> bool:
+        """Whether a job (its lines, any order) passes the state and partition
+        filters: its latest attempt's state, any attempt's partition."""
+        if self.partitions and not any(
+                p in self.partitions for r in lines for p in r.partition.split(",")):
             return False
-        return not self.states or r.state.split(" ")[0] in self.states
+        if not self.states:
+            return True
+        last = max(enumerate(lines), key=lambda p: (
+            p[1].start if p[1].start is not None else float("inf"), p[0]))[1]
+        return last.state.split(" ")[0] in self.states
 
 
 class Inquirer(abc.ABC):
@@ -217,21 +230,29 @@ class Inquirer(abc.ABC):
         """Prolog metas per attempt when the node's store is readable here."""
         return {}
 
+    def select(self, q: JobQuery) -> tuple[list[JobRow], bool]:
+        """The period's lines for ``q`` and whether Slurm applied its state and
+        partition filters already (sacct's ``--state`` picks jobs that were in a
+        state during the period, which the rows' final states cannot redo)."""
+        return self.period_rows(q.since or "now-7days", q.until, q.user), False
+
     def query(self, q: JobQuery) -> list[JobRow]:
         """Accounting lines of the jobs ``q`` names or filters (job table)."""
+        slurm_filtered = False
         if q.ids:
             rows = [r for j in q.ids for r in self.job_rows(j)]
             rows += [r for j in q.ids for t in self.array_tasks(j) for r in self.job_rows(t)]
         else:
-            rows = self.period_rows(q.since or "now-7days", q.until, q.user)
+            rows, slurm_filtered = self.select(q)
         seen: set[tuple[str, int | None, str]] = set()
-        out = []
+        by_job: dict[str, list[JobRow]] = {}
         for r in rows:
             key = (r.job_id, r.start, r.state)
             if key not in seen and q.keeps(r):
                 seen.add(key)
-                out.append(r)
-        return out
+                by_job.setdefault(r.job_id, []).append(r)
+        return [r for lines in by_job.values()
+                if slurm_filtered or q.keeps_job(lines) for r in lines]
 
     def array_tasks(self, job_id: str) -> list[str]:
         """The tasks (``123_0``, ...) of array job ``job_id`` ([] when it is no array)."""
@@ -293,10 +314,21 @@ class SlurmInquirer(Inquirer):
                   if str(j.array_job_id) == job_id and j.array_task_id is not None}
         return sorted(tasks, key=lambda t: int(t.split("_")[1]))
 
+    def select(self, q: JobQuery) -> tuple[list[JobRow], bool]:
+        # sacct filters by state and partition itself, as `sacct -s/-r` would
+        return self._period(q.since or "now-7days", q.until, q.user, q.states,
+                            q.partitions), True
+
     def period_rows(self, since: str, until: str | None, user: str | None) -> list[JobRow]:
+        return self._period(since, until, user)
+
+    def _period(self, since: str, until: str | None, user: str | None,
+                states: tuple[str, ...] = (), partitions: tuple[str, ...] = (),
+                ) -> list[JobRow]:
         # one bad entry is skipped, not fatal; the adapter keeps only ``user``'s records
         out = []
-        for rec in self.slurm.accounting_period(since, until, user, warn=self._warnings.append):
+        for rec in self.slurm.accounting_period(since, until, user, warn=self._warnings.append,
+                                                states=states, partitions=partitions):
             try:
                 out.append(JobRow.from_fields(rec.fields))
             except (ValueError, TypeError, OverflowError) as e:

@@ -12,6 +12,7 @@ everywhere.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
 import re
 import shutil
@@ -122,10 +123,12 @@ class SlurmAdapter(abc.ABC):
 
     def accounting_period(
         self, since: str, until: str | None = None, user: str | None = None,
-        warn: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None, *, states: Sequence[str] = (),
+        partitions: Sequence[str] = (),
     ) -> list[AccountingRecord]:
         """Allocation records of jobs that ran in a period (all users unless ``user``;
-        only ``user``'s as Slurm reports them when given)."""
+        only ``user``'s as Slurm reports them when given; ``states``/``partitions``
+        as sacct's ``--state``/``--partition`` select)."""
         raise SlurmError(f"{type(self).__name__} cannot list a period's jobs")
 
     def controller_config(self) -> dict[str, str]:
@@ -337,16 +340,29 @@ class SlurmCli(SlurmAdapter):
 
     def accounting_period(
         self, since: str, until: str | None = None, user: str | None = None,
-        warn: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None, *, states: Sequence[str] = (),
+        partitions: Sequence[str] = (),
     ) -> list[AccountingRecord]:
-        # JSON, never --parsable2 (issue 11, M6); sacct honours --user, and the
-        # records are checked here as well (a record must say whose it is)
+        # JSON, never --parsable2 (issue 11, M6); sacct selects by the user's uid,
+        # and a record naming another user is dropped here. A job without an
+        # association names no user in the JSON (issue 27): sacct chose it by the
+        # uid asked for, so it is that user's.
         args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
         args += [f"--endtime={until}"] if until else []
         args += [f"--user={user}"] if user else ["--allusers"]
+        args += [f"--state={','.join(states)}"] if states else []
+        args += [f"--partition={','.join(partitions)}"] if partitions else []
         cp = self._run("sacct", *args)
         recs = sacct_json.parse(cp.stdout, warn=warn)
-        return [r for r in recs if user is None or r.fields.get("User") == user]
+        if user is None:
+            return recs
+        out = []
+        for r in recs:
+            if not r.fields.get("User"):
+                r = dataclasses.replace(r, fields={**r.fields, "User": user})
+            if r.fields.get("User") == user:
+                out.append(r)
+        return out
 
     def controller_config(self) -> dict[str, str]:
         cp = self._run("scontrol", "show", "config")

@@ -26,6 +26,7 @@ SACCT_FIELDS = (  # the names AccountingRecord.fields carries (sacct --format na
     "Comment",
     "JobID",
     "Account",
+    "Partition",
 )
 
 

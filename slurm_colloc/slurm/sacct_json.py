@@ -13,8 +13,11 @@ only place that knows its layout.
 * ``state.current`` is a list, base state first (``["PENDING", "REQUEUED"]`` for an
   attempt ended by a requeue of a running job; it reads ``REQUEUED`` here, as in
   sacct's text); ``exit_code`` an object whose signal is kept (``0:9``).
-* ``--user`` is honoured (22.05 ignored it); ``user`` is null for a job without an
-  association.
+* ``--user`` is honoured (22.05 ignored it; sacct matches the uid); ``user`` is null
+  for a job without an association (the uid is not in the JSON: data_parser skips
+  it), so :func:`user_of` falls back to ``association.user`` and the adapter to the
+  user it asked sacct for (issue 27: ``colloc report -u`` found none of such a
+  user's jobs).
 * Numbers are bare ints or ``{"set", "infinite", "number"}``; times epoch seconds with
   0 for "never" (sacct's text prints ``Unknown``); TRES counts without units (``mem``
   in MiB) and -2 for a count not gathered (energy).
@@ -148,8 +151,15 @@ FIELD_MAP: dict[str, tuple[tuple[str, ...], Callable[[Any], str]]] = {
     "Comment": (("comment", "job"), _text),  # sacct's Comment is job->derived_es
     "JobID": ((), _array_id),  # the whole job object: array id and task id
     "Account": (("account",), _text),
+    "Partition": (("partition",), _text),
 }
 assert set(FIELD_MAP) == set(SACCT_FIELDS)
+
+
+def user_of(obj: Any) -> str:
+    """The job's user: ``user``, else ``association.user``; '' when the JSON names
+    none (a job without an association: only the query's user can say whose)."""
+    return _text(_get(obj, ("user",))) or _text(_get(obj, ("association", "user")))
 
 
 def job_record(obj: Any) -> AccountingRecord:
@@ -164,6 +174,7 @@ def job_record(obj: Any) -> AccountingRecord:
         raise ValueError(f"job {_text(raw_id)[:40]!r}: no valid job_id")
     fields = {name: conv(_get(obj, path)) for name, (path, conv) in FIELD_MAP.items()}
     fields["JobIDRaw"] = str(jid)
+    fields["User"] = user_of(obj)
     alloc = _get(obj, ("tres", "allocated"))
     return AccountingRecord(
         fields["JobIDRaw"], fields["State"], fields,
