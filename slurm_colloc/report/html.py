@@ -25,6 +25,7 @@ from html import escape
 
 from slurm_colloc.metrics.store import Series
 from slurm_colloc.report.fmt import hms
+from slurm_colloc.report.lost_work import lost_work_html
 from slurm_colloc.report.model import SOURCE_ACCOUNTING, AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 from slurm_colloc.report.sampling import sampling_line
@@ -387,7 +388,7 @@ def render(rep: JobReport) -> str:
     out.append("</table>")
     for a in rep.attempts:
         s = rep.series.get(a.attempt)
-        out.append(f"<h2>Attempt {a.attempt} over time</h2>")
+        out.append(f"<h2>Attempt {a.attempt} over time</h2>" + lost_work_html(a))
         if (gaps := sampling_line(a.sampling)) is not None:
             out.append(f'<p class="missing">{e(gaps)}</p>')
         tail = (a.oom or {}).get("evidence_tail") or []

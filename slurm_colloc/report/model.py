@@ -23,6 +23,7 @@ from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
 from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_time
+from slurm_colloc.report.lost_work import add_lost_work
 
 SOURCE_LOCAL = "node-local"
 SOURCE_ACCOUNTING = "accounting"
@@ -87,6 +88,11 @@ class AttemptView:
     ``job``: no process of the job on its GPU). ``source``: ``record`` (the epilog's)
     or ``series`` (from the node-local series now: a running job). None: not known
     (a record written before gaps were kept, and no series here)."""
+    lost_work: dict[str, Any] | None = None
+    """Work an OOM cost (:mod:`slurm_colloc.report.lost_work`): ``checkpoint_dir``,
+    ``last_checkpoint`` (epoch s) and ``lost_s``, the time from the job's last
+    checkpoint to the attempt's end. None: not known (no checkpoint before it, the
+    feature off, or the report not run as the job's user)."""
 
     @property
     def series_label(self) -> str:
@@ -372,6 +378,7 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     for v in views:
         if v.series_source == SOURCE_LOCAL:
             _live_sampling(v, series[v.attempt], cfg.sample_interval_s)
+    add_lost_work(views, cfg.checkpoint_dir, last.user if last else "", raw)
     site_budget = config_budget(cfg)
     return JobReport(
         job_id=job_id, name=last.name if last else str(live.get("JobName", "") if live else ""),

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurm_colloc.report.fmt import hms
+from slurm_colloc.report.lost_work import lost_work_lines
 from slurm_colloc.report.model import AttemptView, JobReport
 from slurm_colloc.report.recommend import gib
 from slurm_colloc.report.sampling import collector_stopped, sampling_line
@@ -187,6 +188,7 @@ def render(rep: JobReport) -> RenderableType:
     ev = [ln for a in rep.attempts for ln in _evidence_lines(a)]
     if ev:
         parts += [Text(""), Text("OOM evidence", style="bold"), *ev]
+    parts += [safe(f"  {ln}", style="yellow") for ln in lost_work_lines(rep.attempts)]
     if rep.notes:
         parts += [Text(""), Text("Notes", style="bold")]
         parts += [safe(f"  * {n}") for n in rep.notes]
