@@ -411,5 +411,13 @@ def render(rep: JobReport) -> str:
     if rep.recommendations:
         out.append("<h2>Recommendations</h2>"
                    + "".join(f'<p class="rec">{e(r)}</p>' for r in rep.recommendations))
-    out.append("</body></html>\n")
+    out += [*_next_estimate(rep), "</body></html>\n"]
     return "".join(out)
+
+
+def _next_estimate(rep: JobReport) -> list[str]:
+    """Which runs size the next submission of this model (issue 27), if known."""
+    if not rep.next_estimate:
+        return []
+    return [f'<p class="note">Next estimate for this model: '
+            f'{escape(str(rep.next_estimate.get("summary", "")))}</p>']

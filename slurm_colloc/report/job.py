@@ -5,6 +5,7 @@ reads it."""
 from __future__ import annotations
 
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.report import next_estimate
 from slurm_colloc.report.inquirer import Inquirer
 from slurm_colloc.report.model import JobReport, assemble
 from slurm_colloc.report.recommend import notes_and_advice
@@ -14,4 +15,5 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     """The report of ``job_id``; raises ``UnknownJobError`` for an unknown job."""
     rep = assemble(job_id, inquirer, cfg)
     rep.notes, rep.recommendations = notes_and_advice(rep)
+    rep.next_estimate = next_estimate.of(job_id, rep.user, inquirer, cfg)
     return rep

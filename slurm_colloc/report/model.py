@@ -131,6 +131,10 @@ class JobReport:
     """What Slurm was asked for (sacct's ReqTRES, or the controller's TRES while running)."""
     pending: dict[str, Any] | None = None
     """For a job the controller still has pending: its ``reason`` and signed ``nice``."""
+    next_estimate: dict[str, Any] | None = None
+    """What the next ``--colloc`` run of this model will be sized from: the owner's
+    runs used and those set aside and why (:mod:`slurm_colloc.report.next_estimate`,
+    issue 27). None: no model key, or no accounting history here."""
 
     @property
     def running(self) -> bool:

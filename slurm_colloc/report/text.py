@@ -195,6 +195,8 @@ def render(rep: JobReport) -> RenderableType:
     if rep.recommendations:
         parts += [Text(""), Text("Recommendations", style="bold green")]
         parts += [safe(f"  * {r}") for r in rep.recommendations]
+    if rep.next_estimate:  # issue 27: which runs size the next submission
+        parts += [Text(""), safe(f"Next estimate for this model: {rep.next_estimate['summary']}")]
     return Group(*parts)
 
 

@@ -289,3 +289,45 @@ def test_sqlite_history_leaves_out_a_gapped_attempt(tmp_path: Path) -> None:
     assert SqliteHistory(cfg.history_db, uid=1000).lookup(FP, 32, None, "adam", "fp32") is None
     own_gap = MetricsSummary(peak_mib=5120, samples=8, gaps=((8, 8, "job"),), span_s=16)
     assert record_history(cfg, 78, 0, own_gap, succeeded=True).startswith("recorded")
+
+
+def test_report_says_which_runs_the_next_estimate_comes_from() -> None:
+    """The per-job report (JSON, text, HTML) carries one "next estimate" line over the
+    owner's accounting history, with the run it reports on set aside when gapped."""
+    from html import escape
+
+    from rich.console import Console
+
+    from slurm_colloc.config import CollocConfig
+    from slurm_colloc.report import html, text
+    from slurm_colloc.report import job as job_report
+    from tests.unit.test_report_build import Fake, row
+    from tests.unit.test_report_build import comment as rcomment
+
+    class WithHistory(Fake):
+        hist: list[AccountingRecord] | None = None
+
+        def history_rows(self, user: str, days: int) -> list[AccountingRecord] | None:
+            assert user == ME and days == 90
+            return self.hist
+
+    gapped = _a(5120, gap_s=8)
+    fake = WithHistory(rows={"105": [row("105", "COMPLETED", rcomment(gapped), user=ME)]})
+    cfg = CollocConfig(gpu_memory_mib=40960, shard_mib=1024)
+    assert job_report.build("105", fake, cfg).next_estimate is None  # no history known
+    fake.hist = sacct_json.parse(_sacct(_job(104, ME, _comment(_a(6000))),
+                                        _job(105, ME, _comment(gapped))))
+    rep = job_report.build("105", fake, cfg)
+    want = "6.2 GiB from job 104 (105 not used: sampling gaps (collector down 8 s of 16 s))"
+    assert rep.next_estimate is not None and rep.next_estimate["summary"] == want
+    d = json.loads(json.dumps(rep.to_json()))["next_estimate"]
+    assert d["used"] == [{"job": "104", "attempt": 0, "peak_mib": 6000}]
+    assert d["next_mib"] == 6300 and d["fingerprint"] == FP
+    c = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    c.print(text.render(rep))
+    assert f"Next estimate for this model: {want}" in c.export_text()
+    assert f"Next estimate for this model: {escape(want)}</p>" in html.render(rep)
+    # a job without a model key has no line
+    fake.rows["106"] = [row("106", "COMPLETED", rcomment(Attempt(0, Estimate(1, "x"))),
+                            user=ME)]
+    assert job_report.build("106", fake, cfg).next_estimate is None
