@@ -271,11 +271,6 @@ class Inquirer(abc.ABC):
         """Spans of ``[start, end]`` the job's node ran no collector (None: unknown)."""
         return None
 
-    def history_rows(self, user: str, days: int) -> list[AccountingRecord] | None:
-        """``user``'s ended jobs of the last ``days`` days, as the estimator's history
-        reads them (None: not known here)."""
-        return None
-
 
 class SlurmInquirer(Inquirer):
     """sacct/scontrol through the Slurm adapter, plus the local metrics store."""
@@ -313,7 +308,9 @@ class SlurmInquirer(Inquirer):
         tasks = {t for t in done if t.startswith(f"{job_id}_")}
         try:
             live = self.slurm.jobs()
-        except SlurmError:
+        except SlurmError as e:  # not "no tasks": the report says what it could not see
+            self._warnings.append(f"slurmctld did not answer, array tasks not yet in "
+                                  f"accounting are not listed: {str(e)[:160]}")
             live = {}
         tasks |= {f"{j.array_job_id}_{j.array_task_id}" for j in live.values()
                   if str(j.array_job_id) == job_id and j.array_task_id is not None}
@@ -343,12 +340,16 @@ class SlurmInquirer(Inquirer):
     def live(self, job_id: str) -> dict[str, Any] | None:
         if not _JOB_ID.match(job_id):
             return None
-        if "_" not in job_id:
-            return self.slurm.show_job(job_id)
-        arr, task = (int(x) for x in job_id.split("_"))
-        for j in self.slurm.jobs().values():
-            if j.array_job_id == arr and j.array_task_id == task:
-                return scontrol_view(j)
+        try:
+            if "_" not in job_id:
+                return self.slurm.show_job(job_id)
+            arr, task = (int(x) for x in job_id.split("_"))
+            for j in self.slurm.jobs().values():
+                if j.array_job_id == arr and j.array_task_id == task:
+                    return scontrol_view(j)
+        except SlurmError as e:  # the report goes on from accounting, and says so
+            self._warnings.append(f"slurmctld did not answer, the job's live state is "
+                                  f"not shown: {str(e)[:160]}")
         return None
 
     def series(self, job_id: str, attempt: int) -> store.Series | None:
@@ -383,13 +384,3 @@ class SlurmInquirer(Inquirer):
             if m is not None:
                 out[a] = m
         return out
-
-    def history_rows(self, user: str, days: int) -> list[AccountingRecord] | None:
-        from slurm_colloc.accounting.history import ENDED_STATES
-
-        try:
-            return self.slurm.finished_jobs_of_user(user, days, states=ENDED_STATES,
-                                                    warn=self._warnings.append)
-        except SlurmError as e:
-            self._warnings.append(f"next estimate: no history from Slurm accounting ({e})")
-            return None
