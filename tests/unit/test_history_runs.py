@@ -26,6 +26,7 @@ from slurm_colloc.accounting.history_runs import (
     reported_mib,
     runs_of,
 )
+from slurm_colloc.accounting.record import Enforcement
 from slurm_colloc.estimators import estimate, parse_summary
 from slurm_colloc.slurm import adapter as ad
 from slurm_colloc.slurm import sacct_json
@@ -42,9 +43,7 @@ def _a(peak: int, *, batch: int = 32, n: int = 0, gap_s: int = 0, oom: bool = Fa
     gaps = ((4, gap_s, "collector"),) if gap_s else ()
     o = None
     if oom or alloc is not None:
-        o = OomInfo("gpu-oom" if oom else "none", "torch-cuda-oom")
-        if alloc is not None:
-            object.__setattr__(o, "alloc_mib", alloc)  # issue 27 item 1's field, if absent
+        o = OomInfo("gpu-oom" if oom else "none", "torch-cuda-oom", alloc_mib=alloc)
     return Attempt(
         attempt=n, estimate=Estimate(12000, "layer-aware", 1000, FP, batch_size=batch,
                                      optimizer="sgd"),
@@ -138,7 +137,12 @@ def test_classify_names_the_reason() -> None:
     r = classify(_a(5000, alloc=2048))  # not an OOM, but the job said it held 2 GiB: less
     assert r.use == "measured"
     r = classify(_a(4096, oom=True, alloc=10240))
-    assert r.use == "bound" and r.peak_mib == 10240 and "reported 10240 MiB" in r.reason
+    assert (r.use, r.peak_mib, r.reason) == (
+        "bound", 10240, "ended by gpu-oom; the job's OOM message asked for 10240 MiB, "
+        "4096 MiB sampled")
+    held = dataclasses.replace(_a(4096, oom=True), oom=OomInfo("gpu-oom", alloc_mib=10240,
+                                                                  in_use_mib=4000))
+    assert classify(held).peak_mib == 14240  # what it held + what it was refused
     assert reported_mib(_a(100)) is None
     assert classify(_a(5000, samples=0)).use == "ignored"
     # a job's gap that is its own (no process on the GPU) is no sampling failure
@@ -149,12 +153,15 @@ def test_classify_names_the_reason() -> None:
 
 
 def test_enforcement_kill_is_a_bound() -> None:
-    a = _a(30000)
-    verdict = type("V", (), {"action": "killed", "kind": "over_limit", "peak_mib": 31000})()
-    object.__setattr__(a, "enforcement", verdict)  # issue 27 item 1's record field
+    a = dataclasses.replace(_a(30000), enforcement=Enforcement("over_limit", "killed",
+                                                                peak_mib=31000, limit_mib=2048))
     r = classify(a)
     assert r.use == "bound" and r.peak_mib == 31000
-    assert r.reason.startswith("killed by colloc's enforcement (over_limit)")
+    assert r.reason == ("killed by colloc's enforcement (over_limit); the collector's verdict "
+                        "saw 31000 MiB, 30000 MiB sampled")
+    flagged = dataclasses.replace(a, enforcement=Enforcement("outside_mps", "flagged",
+                                                             peak_mib=20000))
+    assert classify(flagged).use == "measured"  # flagged only, ran to its end
 
 
 def test_provenance_lists_used_and_set_aside_runs() -> None:
@@ -289,3 +296,45 @@ def test_sqlite_history_leaves_out_a_gapped_attempt(tmp_path: Path) -> None:
     assert SqliteHistory(cfg.history_db, uid=1000).lookup(FP, 32, None, "adam", "fp32") is None
     own_gap = MetricsSummary(peak_mib=5120, samples=8, gaps=((8, 8, "job"),), span_s=16)
     assert record_history(cfg, 78, 0, own_gap, succeeded=True).startswith("recorded")
+
+
+def test_report_says_which_runs_the_next_estimate_comes_from() -> None:
+    """The per-job report (JSON, text, HTML) carries one "next estimate" line over the
+    owner's accounting history, with the run it reports on set aside when gapped."""
+    from html import escape
+
+    from rich.console import Console
+
+    from slurm_colloc.config import CollocConfig
+    from slurm_colloc.report import html, text
+    from slurm_colloc.report import job as job_report
+    from tests.unit.test_report_build import Fake, row
+    from tests.unit.test_report_build import comment as rcomment
+
+    class WithHistory(Fake):
+        hist: list[AccountingRecord] | None = None
+
+        def history_rows(self, user: str, days: int) -> list[AccountingRecord] | None:
+            assert user == ME and days == 90
+            return self.hist
+
+    gapped = _a(5120, gap_s=8)
+    fake = WithHistory(rows={"105": [row("105", "COMPLETED", rcomment(gapped), user=ME)]})
+    cfg = CollocConfig(gpu_memory_mib=40960, shard_mib=1024)
+    assert job_report.build("105", fake, cfg).next_estimate is None  # no history known
+    fake.hist = sacct_json.parse(_sacct(_job(104, ME, _comment(_a(6000))),
+                                        _job(105, ME, _comment(gapped))))
+    rep = job_report.build("105", fake, cfg)
+    want = "6.2 GiB from job 104 (105 not used: sampling gaps (collector down 8 s of 16 s))"
+    assert rep.next_estimate is not None and rep.next_estimate["summary"] == want
+    d = json.loads(json.dumps(rep.to_json()))["next_estimate"]
+    assert d["used"] == [{"job": "104", "attempt": 0, "peak_mib": 6000}]
+    assert d["next_mib"] == 6300 and d["fingerprint"] == FP
+    c = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    c.print(text.render(rep))
+    assert f"Next estimate for this model: {want}" in c.export_text()
+    assert f"Next estimate for this model: {escape(want)}</p>" in html.render(rep)
+    # a job without a model key has no line
+    fake.rows["106"] = [row("106", "COMPLETED", rcomment(Attempt(0, Estimate(1, "x"))),
+                            user=ME)]
+    assert job_report.build("106", fake, cfg).next_estimate is None
