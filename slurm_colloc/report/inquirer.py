@@ -271,6 +271,11 @@ class Inquirer(abc.ABC):
         """Spans of ``[start, end]`` the job's node ran no collector (None: unknown)."""
         return None
 
+    def history_rows(self, user: str, days: int) -> list[AccountingRecord] | None:
+        """``user``'s ended jobs of the last ``days`` days, as the estimator's history
+        reads them (None: not known here)."""
+        return None
+
 
 class SlurmInquirer(Inquirer):
     """sacct/scontrol through the Slurm adapter, plus the local metrics store."""
@@ -384,3 +389,13 @@ class SlurmInquirer(Inquirer):
             if m is not None:
                 out[a] = m
         return out
+
+    def history_rows(self, user: str, days: int) -> list[AccountingRecord] | None:
+        from slurm_colloc.accounting.history import ENDED_STATES
+
+        try:
+            return self.slurm.finished_jobs_of_user(user, days, states=ENDED_STATES,
+                                                    warn=self._warnings.append)
+        except SlurmError as e:
+            self._warnings.append(f"next estimate: no history from Slurm accounting ({e})")
+            return None

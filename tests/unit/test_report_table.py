@@ -191,6 +191,7 @@ def test_gpu_hours_add_up_whatever_the_overlaps(spans: list[tuple[int, ...]]) ->
         x = u[j]
         assert x.gpu_hours >= 0 and x.gpu_hours_saved >= -1e-12
         assert x.gpu_hours + x.gpu_hours_saved == pytest.approx(x.whole_gpu_hours)
+        assert a.end is not None and a.start is not None
         assert x.whole_gpu_hours == pytest.approx((a.end - a.start) / 3600)
         if not x.shared:
             assert x.gpu_hours_saved == pytest.approx(0)
@@ -200,7 +201,7 @@ def test_gpu_hours_add_up_whatever_the_overlaps(spans: list[tuple[int, ...]]) ->
     # so with at most two at once saved <= allocated (issue 27's 0.08 vs 0.02)
     known = {j: x for j, x in u.items() if not report[j][1][0].co_tenants}
     most = 1
-    for j, (_, (a,)) in report.items():
+    for _, (a,) in report.values():
         at_once = sum(1 for _, (b,) in report.values() if (b.node, b.gpu) == (a.node, a.gpu)
                       and b.start is not None and b.end is not None and a.start is not None
                       and b.start <= a.start < b.end)
@@ -248,7 +249,7 @@ def test_format_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     p = ReportParams(None, False, None, None, None, "alice", states=("FAILED",),
                      columns=("JobID", "Partition", "State"))
     assert run(p, CFG, w) == 0
-    head, _, rest = capsys.readouterr().out.partition("JobID")
+    _, _, rest = capsys.readouterr().out.partition("JobID")
     table = "JobID" + rest.split("jobs,")[0]
     assert "Partition" in table and "MemEff" not in table and "debug" in table
     assert "gpu " not in table and "FAILED" in table
