@@ -73,6 +73,9 @@ MAX_SERIES_MIB = 1 << 24
 """Largest series memory value (MiB) accepted: 16 TiB."""
 SERIES_MIN_POINTS = 6
 """The size cap halves the last attempt's series down to this many points, then drops it."""
+MAX_UNSCANNED = 4
+"""Unscanned logs an attempt names at most (``Attempt.unscanned``)."""
+MAX_UNSCANNED_CHARS = 240
 
 
 class RecordDecodeError(ValueError):
@@ -142,6 +145,7 @@ def _attempt_to_json(a: Attempt) -> dict[str, Any]:
             "t0": a.start,
             "t1": a.end,
             "v": _enforcement_to_json(a.enforcement),
+            "ul": [u[:MAX_UNSCANNED_CHARS] for u in a.unscanned[:MAX_UNSCANNED]],
         }
     )
 
@@ -379,7 +383,18 @@ def _attempt_from_json(d: Any) -> Attempt:
         start=_get(d, "t0", int),
         end=_get(d, "t1", int),
         enforcement=_enforcement_from_json(_obj(d, "v")),
+        unscanned=_unscanned_from_json(d.get("ul")),
     )
+
+
+def _unscanned_from_json(v: Any) -> tuple[str, ...]:
+    """The logs the epilog could not scan (``"ul"``, issue 28; absent in older
+    records); () for anything malformed (lost detail, never a lost record)."""
+    if not isinstance(v, list) or len(v) > MAX_UNSCANNED:
+        return ()
+    if not all(isinstance(x, str) and len(x) <= MAX_UNSCANNED_CHARS for x in v):
+        return ()
+    return tuple(v)
 
 
 def _decode_v1(payload: bytes) -> JobRecord:

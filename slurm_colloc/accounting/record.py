@@ -129,6 +129,10 @@ class Attempt:
     end: int | None = None
     enforcement: Enforcement | None = None
     """What the node's collector found and did about this attempt (None: nothing)."""
+    unscanned: tuple[str, ...] = ()
+    """Job logs the epilog could not scan, each ``"<path>: <why>"`` (a FIFO, a deleted
+    file, ...: :mod:`slurm_colloc.node.unscanned`). With any, a cause of ``none`` means
+    "not seen", not "no error" (issue 28)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from slurm_colloc.accounting.field import carry_in_admin_comment
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.tenancy import Tenancy
-from slurm_colloc.node import evidence, requeue_policy, requeue_steps
+from slurm_colloc.node import evidence, requeue_policy
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.node.prolog import daemon_for
 from slurm_colloc.oom.patterns import AttemptCause
@@ -40,11 +40,11 @@ class EpilogResult:
     """The user's copy first when it was written (issue 13), then root's copies."""
     decision: requeue_policy.RequeueDecision | None = None
     requeued: bool = False
-    requeue_pending: bool = False
-    """slurmctld did not answer: a detached helper retries the requeue (issue 28)."""
     shards_per_gpu: int | None = None
     culprit: str | None = None
     """Co-tenant job the collector blamed for this job's GPU OOM."""
+    unscanned: list[str] = field(default_factory=list)
+    """Logs the scan could not read, ``"<path>: <why>"`` (:mod:`.unscanned`)."""
     record_spooled: str | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -56,12 +56,15 @@ class EpilogResult:
         if self.culprit:
             parts.append(f"culprit=job {self.culprit}")
         if self.decision:
-            said = "pending" if self.requeue_pending else "yes" if self.requeued else "no"
-            parts.append(f"requeue={said} ({self.decision.reason})")
+            parts.append(f"requeue={'yes' if self.requeued else 'no'} ({self.decision.reason})")
         if self.evidence_files:
             parts.append(f"evidence={','.join(self.evidence_files)}")
         if self.stopped_daemons:
             parts.append(f"stopped MPS daemons {self.stopped_daemons}")
+        if self.unscanned:
+            from slurm_colloc.node.unscanned import log_line
+
+            parts.append(log_line(self.unscanned))
         if self.errors:
             parts.append(f"errors: {'; '.join(self.errors)}")
         return " ".join(parts)
@@ -101,7 +104,9 @@ def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
     """
     tenancy = Tenancy(Path(cfg.mps_root))
     release_v3(job_id, cfg, tenancy, result)
-    gpus = sorted({g for g, _ in tenancy.all_jobs().get(job_id, [])})
+    from slurm_colloc.node.pipe_dirs import gpus_to_sweep
+
+    gpus = gpus_to_sweep(tenancy, job_id)  # a job whose marker is gone too (issue 28)
     try:
         for gpu in gpus:
             with tenancy.locked(gpu):
@@ -209,16 +214,12 @@ def run(
             # Slurm lets no one set SystemComment with scontrol (24.11, 26.05)
             carry = text if text is None else carry_in_admin_comment(ctx.admin_comment, text)
             errors = requeue(ctx, adapter, result.decision.new_shards, admin_comment=carry,
-                             nice=cfg.recovery_nice, record=text)
+                             nice=cfg.recovery_nice)
             result.requeued = True
             result.errors.extend(errors)
-        except requeue_steps.ControllerAway as e:  # issue 28: retried until Slurm answers
-            text = _hand_off_requeue(e.plan, ctx, cfg, text, result, log)
         except (SlurmError, ValueError) as e:
             result.errors.append(f"requeue failed: {e}")
             log.error("requeue failed: %s", e)
-            text = requeue_steps.failed_record(text, ctx.restarts, f"requeue failed: {e}",
-                                               max_bytes=cfg.admin_comment_max_bytes)
     if not result.requeued and text is not None:
         _spool_record(ctx, cfg, text, result)
     _count_events(cfg, result)
@@ -291,6 +292,7 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
     could read are kept as evidence (issue 11, M1). A job colloc did not place (a
     user's own gres/gpu request) is never requeued (M5); its attempt may be recorded.
     """
+    from slurm_colloc.node.unscanned import named
     from slurm_colloc.oom.detector import scan_files
 
     if ctx.exit_code in ("", "0:0") or not (ctx.stdout or ctx.stderr):
@@ -299,6 +301,7 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
     logs = [p for p in (ctx.stderr, ctx.stdout) if p]
     gid = _user_gid(ctx.uid)
     scan = scan_files(logs, tail_bytes=cfg.log_scan_tail_mib << 20, uid=ctx.uid, gid=gid)
+    result.unscanned = named(scan.results)
     result.cause = scan.cause
     result.pattern = scan.pattern_id
     result.evidence_line = scan.evidence.line if scan.evidence else None
@@ -315,7 +318,7 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
             result.errors.extend(errors)
         except Exception as e:  # noqa: BLE001 - evidence is best effort; the requeue is not
             result.errors.append(f"evidence not kept: {e}")
-        if result.evidence_files and cfg.evidence_user_copy:
+        if cfg.evidence_user_copy:  # root's copy or not (issue 28: a full evidence fs)
             _keep_user_copy(ctx, result, readable, gid)
     placed = placed_by_colloc(ctx)
     spg = _shards_per_gpu_or_fallback(ctx, cfg, result) if placed else None
@@ -332,14 +335,15 @@ def _scan_and_decide(ctx: JobContext, cfg: CollocConfig, result: EpilogResult) -
 def _keep_user_copy(ctx: JobContext, result: EpilogResult, readable: list[str], gid: int) -> None:
     """Issue 13: a copy the user can read on the login host, next to the job's output
     (StdOut, else StdErr: a log the scan read), written as the user. It becomes the
-    record's evidence path (first in ``evidence_files``); root's copy stays either way."""
+    record's evidence path (first in ``evidence_files``); root's copy stays either way,
+    and without root's copy it is made from the logs themselves (issue 28)."""
     log = next((p for p in (ctx.stdout, ctx.stderr) if p and p in readable), None)
     if log is None:
         return
     copy = evidence.keep_user_copy(
         log, ctx.job_id, ctx.restarts, ctx.uid, gid, node=ctx.node, cause=result.cause,
         pattern=result.pattern, line=result.evidence_line,
-        root_files=list(result.evidence_files), errors=result.errors,
+        root_files=list(result.evidence_files), errors=result.errors, sources=readable,
     )
     if copy is not None and len(copy) <= evidence.USER_COPY_MAX_PATH:
         result.evidence_files.insert(0, copy)
@@ -387,6 +391,8 @@ def _record_text(
     May raise (the codec's RecordTooLargeError when other tools' text fills the
     field): the caller records the error and requeues regardless.
     """
+    from dataclasses import replace
+
     from slurm_colloc.accounting.codec import append_attempt
     from slurm_colloc.node.attempt_record import build_attempt, story_of
 
@@ -401,6 +407,8 @@ def _record_text(
         metrics=metrics, co_tenants=co_tenants,
         story=story_of(cfg, ctx.job_id, ctx.restarts, result.evidence_line, result.culprit),
     )
+    # logs it could not scan: "cause none" then means "not seen" (issue 28)
+    attempt = replace(attempt, unscanned=tuple(result.unscanned))
     return append_attempt(ctx.record_text(cfg.record_field), attempt,
                           max_bytes=cfg.admin_comment_max_bytes)
 
@@ -430,45 +438,9 @@ def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogR
         result.errors.append(f"accounting record not written: {e}")
 
 
-def _hand_off_requeue(
-    plan: requeue_steps.RequeuePlan, ctx: JobContext, cfg: CollocConfig, text: str | None,
-    result: EpilogResult, log: logging.LoggerAdapter[Any],
-) -> str | None:
-    """slurmctld did not answer the requeue: a detached helper retries it
-    (``slurm_colloc.node.requeue_retry``) and writes the record once it knows what
-    happened. Returns the text still to spool here: None when the helper took the
-    record over, the record marked "requeue failed" when no helper could start."""
-    import os
-
-    from slurm_colloc.node import job as jobmod
-    from slurm_colloc.node.prolog import main_env
-
-    plan.context = jobmod.context_to_json(ctx)
-    try:
-        path = requeue_steps.hand_off(plan, cfg.evidence_dir, main_env(os.environ))
-    except Exception as e:  # noqa: BLE001 - then the record says the requeue failed
-        why = f"requeue failed: slurmctld did not answer and no retry could start ({e})"
-        result.errors.append(why)
-        log.error("%s", why)
-        return requeue_steps.failed_record(text, ctx.restarts, why,
-                                           max_bytes=cfg.admin_comment_max_bytes)
-    result.requeue_pending = True
-    line = (f"requeue pending: {_accepted_so_far(plan)}; retried by a detached helper "
-            f"for up to {cfg.requeue_retry_s} s ({path})")
-    result.errors.append(line)
-    log.warning("%s", line)
-    return None
-
-
-def _accepted_so_far(plan: requeue_steps.RequeuePlan) -> str:
-    """Which steps Slurm accepted before it stopped answering."""
-    done = ", ".join(plan.done) or "nothing"
-    return f"slurmctld did not answer (accepted so far: {done})"
-
-
 def requeue(
     ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None,
-    nice: int = 0, record: str | None = None,
+    nice: int = 0,
 ) -> list[str]:
     """Hold-requeue, raise the shard request, boost the priority, release.
 
@@ -486,10 +458,6 @@ def requeue(
     job raises ValueError before Slurm is asked anything (issue 11, M5). The shard
     request is the requeue; a refused priority boost or AdminComment update does not
     undo it: their messages are returned instead.
-
-    The steps are :mod:`.requeue_steps`': when slurmctld does not answer, its
-    ``ControllerAway`` carries the plan (``record``: this attempt's record, for the
-    retry to rewrite if the requeue never lands) so a detached helper can go on.
     """
     if not placed_by_colloc(ctx):
         raise ValueError(
@@ -497,11 +465,22 @@ def requeue(
         )
     if new_shards <= 0:
         raise ValueError(f"job {ctx.job_id}: refusing a request of {new_shards} shards")
-    import time
-
-    plan = requeue_steps.RequeuePlan(
-        job_id=ctx.job_id, attempt=ctx.restarts, new_shards=new_shards,
-        resize=new_shards != ctx.shards or not ctx.is_shared, nice=max(0, nice),
-        admin_comment=admin_comment or None, record=record, decided_at=time.time(),
-    )
-    return requeue_steps.advance(plan, adapter)
+    adapter.requeue(ctx.job_id, hold=True)
+    errors: list[str] = []
+    try:
+        if new_shards != ctx.shards or not ctx.is_shared:
+            adapter.update_job(ctx.job_id, TresPerNode=f"gres/shard:{new_shards}")
+        if nice > 0:
+            try:
+                adapter.update_job(ctx.job_id, Nice=str(-nice))
+            except SlurmError as e:
+                errors.append(f"recovery priority not raised after the requeue: {e}")
+        if admin_comment:
+            # allowed now: the job is pending again, not finished
+            try:
+                adapter.update_job(ctx.job_id, AdminComment=admin_comment)
+            except SlurmError as e:
+                errors.append(f"AdminComment not updated after the requeue: {e}")
+    finally:
+        adapter.release(ctx.job_id)
+    return errors

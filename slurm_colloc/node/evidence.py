@@ -44,9 +44,12 @@ the report on the login host. With ``evidence_user_copy`` (the default) the epil
 also leaves ``colloc-evidence-<jobid>-<attempt>.txt`` next to the job's output file
 (:func:`keep_user_copy`): a short header (job, attempt, node, cause, pattern, matched
 line, time) and the end of root's copies, at most :data:`USER_COPY_MAX_BYTES`. Root
-builds the text from its own copies; the file is created by a child process that has
-become the user for good (:mod:`slurm_colloc.node.as_user`): the directory is opened
-with ``O_DIRECTORY | O_NOFOLLOW``, the file with ``O_CREAT | O_EXCL | O_NOFOLLOW``,
+builds the text from its own copies, or, when it kept none (its evidence file system
+full: issue 28), from the end of the logs the scan read, opened as the user by the
+scan's rules: the user's copy never depends on root's, nor root's on the user's. The
+file is created by a child process that has become the user for good
+(:mod:`slurm_colloc.node.as_user`): the directory is opened with
+``O_DIRECTORY | O_NOFOLLOW``, the file with ``O_CREAT | O_EXCL | O_NOFOLLOW``,
 mode 0600, so nothing there is followed or overwritten (an existing name gets a
 ``-N`` suffix, up to :data:`USER_COPY_MAX_SUFFIX`). The directory comes from the
 controller's structured record (``StdOut``, else ``StdErr``, ``%`` patterns expanded)
@@ -58,12 +61,14 @@ root's copy remains the record's evidence.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,15 +276,31 @@ def _tail_of_root_copy(path: str, max_bytes: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
+def _tail_of_user_log(path: str, max_bytes: int, *, uid: int, gid: int) -> tuple[bytes, int]:
+    """The last ``max_bytes`` of the job's own log, opened as the user by the scan's
+    rules (:func:`~slurm_colloc.oom.safe_open.open_log`), and its size."""
+    fd = open_log(path, uid=uid, gid=gid)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes)
+        return os.pread(fd, max(0, min(max_bytes, size)), start), size
+    finally:
+        os.close(fd)
+
+
 def user_copy_text(
     *, job_id: int, attempt: int, node: str, cause: str, pattern: str | None,
     line: str | None, root_files: list[str], max_bytes: int = USER_COPY_MAX_BYTES,
-    now: float | None = None,
+    now: float | None = None, user_logs: tuple[list[str], int, int] | None = None,
 ) -> bytes:
     """What the user's copy says: a header, then the end of each of root's copies.
 
     At most ``max_bytes`` in all; each copy gets an equal share of what the header
     leaves. ``line`` is the scan's matched line (already made printable).
+
+    Without root's copies (its evidence file system full or failing: issue 28), the
+    end of each of ``user_logs`` = (paths, uid, gid) is read instead, opened as the
+    user by the scan's rules: the user's copy never depends on root's.
     """
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
     head = [
@@ -291,16 +312,23 @@ def user_copy_text(
         head.append(f"matched line: {line}")
     if root_files:
         head.append(f"root's copy on {node or 'the node'}: {Path(root_files[0]).parent}")
+    elif user_logs is not None:
+        head.append(f"root's copy on {node or 'the node'}: not kept (see the epilog's log)")
     out = ("\n".join(head) + "\n").encode("utf-8", "replace")[:max_bytes]
     files = root_files[:MAX_ENTRIES_PER_ATTEMPT]
+    tail: Callable[[str, int], tuple[bytes, int]] = _tail_of_root_copy
+    if not files and user_logs is not None:
+        paths, uid, gid = user_logs
+        files = paths[:MAX_ENTRIES_PER_ATTEMPT]
+        tail = functools.partial(_tail_of_user_log, uid=uid, gid=gid)
     for i, path in enumerate(files):
         share = (max_bytes - len(out)) // (len(files) - i)
         title = f"\n--- {Path(path).name} ---\n".encode("utf-8", "replace")
         if share <= len(title) + 64:
             break
         try:
-            data, size = _tail_of_root_copy(path, share - len(title) - 64)
-        except OSError as e:
+            data, size = tail(path, share - len(title) - 64)
+        except (OSError, RefusedPath) as e:
             part = title + f"[colloc: not readable: {e}]\n".encode("utf-8", "replace")
         else:
             cut = f"[colloc: last {len(data)} of {size} bytes]\n" if len(data) < size else ""
@@ -367,16 +395,19 @@ def keep_user_copy(
     log_path: str, job_id: int, attempt: int, uid: int, gid: int, *, node: str,
     cause: str, pattern: str | None, line: str | None, root_files: list[str],
     errors: list[str] | None = None, timeout_s: float = USER_COPY_TIMEOUT_S,
+    sources: list[str] | None = None,
 ) -> str | None:
     """Leave the user's copy next to ``log_path`` (the job's output file); its path.
 
     None when it could not be written: the reason is appended to ``errors``; root's
-    copies are untouched. Never raises.
+    copies are untouched. Never raises. ``sources``: the logs the scan read, whose
+    ends the copy holds when root kept none (``root_files`` empty).
     """
     try:
         data = user_copy_text(
             job_id=job_id, attempt=attempt, node=node, cause=cause, pattern=pattern,
             line=line, root_files=root_files,
+            user_logs=(sources or [log_path], uid, gid) if not root_files else None,
         )
         return write_user_copy(
             os.path.dirname(log_path) or "/", job_id, attempt, data, uid, gid,

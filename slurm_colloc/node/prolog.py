@@ -24,6 +24,7 @@ from slurm_colloc.gpu.budget import budget_of
 from slurm_colloc.gpu.identity import GpuMap
 from slurm_colloc.mps.control import MpsControlError, MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.node import promise
 from slurm_colloc.node.gpus import node_gpu_map
 from slurm_colloc.node.job import JobContext, context_to_json
 from slurm_colloc.node.mps_protocol import node_protocol, v3_node
@@ -146,7 +147,10 @@ def run(
     try:
         if not ctx.is_shared:
             return _exclusive(ctx, cfg, tenancy, jobs, taken)
-        return _shared(ctx, cfg, tenancy, jobs, taken)
+        try:
+            return _shared(ctx, cfg, tenancy, jobs, taken, check=True)
+        except promise.OverPromise as over:  # issue 28: the GPU cannot hold it too
+            return _refused(ctx, cfg, tenancy, adapter, jobs, taken, over)
     finally:
         tenancy.purge_quarantine()  # after every GPU lock is released; never raises
 
@@ -155,9 +159,23 @@ class MpsSetupError(RuntimeError):
     """MPS could not be set up for a shared job; the hard limit was still tried."""
 
 
+def _refused(
+    ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, adapter: SlurmAdapter,
+    jobs: Mapping[int, SlurmJob] | None, taken: float | None, over: promise.OverPromise,
+) -> PrologDecision:
+    """The newcomer would over-promise its GPU: requeued, or (refused too often, or
+    the requeue failed) co-located as before with a warning (:mod:`.promise`)."""
+    refusal = promise.refuse(tenancy, adapter, over)
+    if refusal.requeued:
+        return PrologDecision("refused", over.gpu, detail=f"WARNING {refusal.detail}")
+    d = _shared(ctx, cfg, tenancy, jobs, taken, check=False)
+    return PrologDecision(d.mode, d.gpu, d.limit_mib, d.pipe_dir,
+                          detail=f"{d.detail}; WARNING {refusal.detail}")
+
+
 def _shared(
     ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy,
-    jobs: Mapping[int, SlurmJob] | None, taken: float | None,
+    jobs: Mapping[int, SlurmJob] | None, taken: float | None, *, check: bool = False,
 ) -> PrologDecision:
     """A shard job: MPS (v2 daemon or v3 namespace), then the hard limit, always.
 
@@ -165,20 +183,28 @@ def _shared(
     (a planted pipe dir, a refused command, a lock timeout), :func:`hard_limit` is
     still applied before the error goes up (the job then runs without MPS, but not
     without its cap where the driver has one).
+
+    ``check``: raise :class:`~slurm_colloc.node.promise.OverPromise` (nothing set up)
+    when the job's shards and the GPU's registered jobs' exceed the GPU (issue 28).
     """
     gpu = ctx.gpus[0]
     gmap = node_gpu_map(cfg)
     info = gmap.by_slurm_index(gpu)
     limit = ctx.shards * cfg.shard_mib
     try:
-        pinned = budget_of(cfg, info).pinned_limit_mib(ctx.shards)
+        budget = budget_of(cfg, info)
+        pinned = budget.pinned_limit_mib(ctx.shards)
         gid = pwd.getpwuid(ctx.uid).pw_gid if ctx.uid else 0
         env = _client_env(ctx, cfg, tenancy, gpu, info.uuid, limit, pinned)
+        capacity = budget.shards_per_gpu if check else 0
         if node_protocol(cfg) == 3:
-            env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid, gmap))
+            env.update(_v3_setup(ctx, cfg, tenancy, jobs, taken, pinned, gid, gmap, capacity))
             tenancy.write_job_env(ctx.job_id, env, ctx.uid, gid)
         else:
-            _v2_setup(ctx, cfg, tenancy, jobs, taken, env, gid, info.uuid)
+            _v2_setup(ctx, cfg, tenancy, jobs, taken, env, gid, info.uuid, capacity)
+        promise.forget(tenancy, ctx.job_id)
+    except promise.OverPromise:
+        raise  # nothing set up: the caller requeues the newcomer
     except Exception as e:
         hard = hard_limit(ctx, cfg, info.index, limit)
         raise MpsSetupError(f"MPS not set up ({type(e).__name__}: {e}); "
@@ -234,12 +260,16 @@ def _client_env(
 
 def _v2_setup(
     ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, jobs: Mapping[int, SlurmJob] | None,
-    taken: float | None, env: dict[str, str], gid: int, uuid: str,
+    taken: float | None, env: dict[str, str], gid: int, uuid: str, capacity: int = 0,
 ) -> None:
-    """MPS v2: the (GPU, user) daemon, started if needed, and the job registered on it."""
+    """MPS v2: the (GPU, user) daemon, started if needed, and the job registered on it.
+
+    ``capacity`` > 0: the GPU's shards, checked before anything is started (issue 28).
+    """
     gpu = ctx.gpus[0]
     with tenancy.locked(gpu):
         reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
+        _check_promise(cfg, tenancy, ctx, gpu, capacity, jobs, taken)
         daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, uuid)
         if not daemon.running():
             tenancy.prepare_user_dirs(gpu, ctx.uid)
@@ -252,6 +282,16 @@ def _v2_setup(
         # server side: a client that drops its own limit (env -i, --cleanenv) gets
         # its user's total share of this GPU, not the whole GPU (docs/node.md)
         _cap_or_withdraw(ctx, tenancy, daemon, user_total_mib(cfg, tenancy, gpu, ctx.uid))
+
+
+def _check_promise(cfg: CollocConfig, tenancy: Tenancy, ctx: JobContext, gpu: int,
+                   capacity: int, jobs: Mapping[int, SlurmJob] | None,
+                   taken: float | None) -> None:
+    """Raise :class:`~slurm_colloc.node.promise.OverPromise` if the job would make
+    ``gpu`` hold more than ``capacity`` shards (under the GPU lock)."""
+    over = promise.over_promise(tenancy, ctx, gpu, capacity, cfg.shard_mib, jobs, taken)
+    if over is not None:
+        raise over
 
 
 CAP_TRIES = 2
@@ -282,7 +322,7 @@ def _cap_or_withdraw(ctx: JobContext, tenancy: Tenancy, daemon: MpsDaemon, total
 
 def _v3_setup(
     ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, jobs: Mapping[int, SlurmJob] | None,
-    taken: float | None, pinned: int, gid: int, gmap: GpuMap,
+    taken: float | None, pinned: int, gid: int, gmap: GpuMap, capacity: int = 0,
 ) -> dict[str, str]:
     """MPS v3: the job's namespace on its GPU's server of the node's one daemon.
 
@@ -298,6 +338,7 @@ def _v3_setup(
         with tenancy.locked(gpu):
             for job in reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken):
                 node.remove_job(job)
+            _check_promise(cfg, tenancy, ctx, gpu, capacity, jobs, taken)  # the node lock is held
         if not node.running():
             node.start({i: g.uuid for i, g in enumerate(gmap.gpus)})
         env = node.add_job(gpu, gmap.uuid(gpu), ctx.job_id, ctx.uid, gid, pinned,

@@ -5,8 +5,7 @@ the estimate, SM activity), details (one row per attempt), co-tenants over time,
 time series per attempt (its source, node-local or the accounting record's
 downsampled one, the holes in its sampling, and ASCII sparklines of memory and
 activity), OOM evidence (where it is and whether it is readable from this host), then
-notes and recommendations. "What happened" (after the header) says who stopped each
-attempt and why, with its exit code as sacct prints it.
+notes and recommendations.
 
 Strings from Slurm, job records or the node (job name, user, node, co-tenants, notes
 that quote them) reach rich only as :class:`Text` built by :func:`safe`: never parsed
@@ -22,10 +21,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from slurm_colloc.report import story
-from slurm_colloc.report.fmt import gib, hms
+from slurm_colloc.report.fmt import hms
 from slurm_colloc.report.lost_work import lost_work_lines
 from slurm_colloc.report.model import AttemptView, JobReport
+from slurm_colloc.report.recommend import gib
 from slurm_colloc.report.sampling import collector_stopped, sampling_line
 
 BAR = 30
@@ -164,20 +163,6 @@ def _evidence_lines(a: AttemptView) -> list[Text]:
     return out
 
 
-def _story_lines(rep: JobReport) -> list[RenderableType]:
-    """"What happened": who stopped each attempt and why, its exit code, how much of
-    it was measured (:mod:`slurm_colloc.report.story`)."""
-    if not any(a.story for a in rep.attempts):
-        return []
-    out: list[RenderableType] = [Text(""), Text("What happened", style="bold")]
-    for a in rep.attempts:
-        if a.story:
-            out.append(safe(f"  {story.line(a)}",
-                            style="" if a.story["cause"] in ("completed", "running")
-                            else "yellow"))
-    return out
-
-
 def render(rep: JobReport) -> RenderableType:
     """The whole report as one rich renderable (jobstats' order: header, bars,
     details, notes)."""
@@ -188,7 +173,6 @@ def render(rep: JobReport) -> RenderableType:
     if not rep.colloc:
         parts += [Text(""), *[safe(f"  * {n}") for n in rep.notes]]
         return Group(*parts)
-    parts += _story_lines(rep)
     parts += [Text(""), Text("Overall (last measured attempt)", style="bold"), *_overall(rep)]
     parts += [Text(""), Text("Attempts (memory in GiB; * = utilization, not SM activity)",
                    style="bold"), _detail_table(rep)]
@@ -202,6 +186,7 @@ def render(rep: JobReport) -> RenderableType:
         for a in rep.attempts:
             parts += _series_lines(a, rep.gpu_memory_mib)
     ev = [ln for a in rep.attempts for ln in _evidence_lines(a)]
+    ev += [safe(f"  Attempt {a.attempt}: the job's output could not be scanned: {'; '.join(a.unscanned)}", style="yellow") for a in rep.attempts if a.unscanned]  # noqa: E501 - issue 28
     if ev:
         parts += [Text(""), Text("OOM evidence", style="bold"), *ev]
     parts += [safe(f"  {ln}", style="yellow") for ln in lost_work_lines(rep.attempts)]
