@@ -227,6 +227,18 @@ class CollocConfig:
     its priority alone. Slurm keeps a GPU free for the boosted job only if backfill can
     plan, which needs time limits on jobs (a partition ``DefaultTime``); without them
     the boost still puts it first whenever a GPU is wholly free. At most 1,000,000."""
+    requeue_retry_s: int = 3600
+    """How long a decided requeue is retried while slurmctld does not answer (a
+    detached helper, pauses doubling to 30 s, counted from the decision). Once
+    slurmctld answers the retry ends either way (a job it no longer knows, past
+    ``MinJobAge``, is refused); this caps the wait for one that stays away. The record
+    says "requeued" only when Slurm accepted the requeue."""
+    prolog_controller_s: float = 15.0
+    """The prolog's whole budget for asking slurmctld about the job (every try
+    together; "did not answer" is retried within it). When it is spent the job runs
+    without MPS, a memory limit, metrics or enforcement, and the log says so in one
+    line; no other job's MPS registration is touched. Keep it well under
+    ``PrologEpilogTimeout``."""
     checkpoint_dir: str = ""
     """Per-job checkpoint directory the TaskProlog makes (as the job's user, mode 0700)
     and exports as ``COLLOC_CHECKPOINT_DIR``, with ``COLLOC_RESTART_COUNT``: a requeued
@@ -461,6 +473,11 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     if cfg.recovery_nice > MAX_RECOVERY_NICE:
         raise ConfigError(f"{origin}: recovery_nice = {cfg.recovery_nice}: must be at most "
                           f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")
+    if not 0 <= cfg.requeue_retry_s <= 7 * 86400:
+        raise ConfigError(f"{origin}: requeue_retry_s = {cfg.requeue_retry_s}: must be 0..604800")
+    if not 1 <= cfg.prolog_controller_s <= 600:
+        raise ConfigError(f"{origin}: prolog_controller_s = {cfg.prolog_controller_s}: "
+                          "must be 1..600 seconds")
     return cfg
 
 

@@ -111,28 +111,34 @@ def _mib(v: object) -> int | None:
         else None
 
 
-def reported_mib(a: Attempt) -> int | None:
-    """The least the job needed by its own account, when the record says more than the
-    samples can: an OOM line's failed allocation on top of what the process held
-    (``OomInfo.alloc_mib`` + ``in_use_mib``, :mod:`slurm_colloc.oom.alloc`), or the
-    collector's enforcement verdict's peak. None when the record has neither."""
-    figures = []
-    oom = a.oom
-    alloc = _mib(getattr(oom, "alloc_mib", None))  # records before issue 27 lack them
-    if alloc is not None:
-        figures.append(alloc + (_mib(getattr(oom, "in_use_mib", None)) or 0))
-    verdict = getattr(a, "enforcement", None)
-    seen = _mib(getattr(verdict, "peak_mib", None))
+def reported(a: Attempt) -> tuple[int, str] | None:
+    """The most the record says the job reached beyond the samples, and who says so:
+    an OOM line's failed allocation on top of what the process held
+    (``OomInfo.alloc_mib`` + ``in_use_mib``, :mod:`slurm_colloc.oom.alloc`: a refused
+    allocation never shows in a sample), or the collector's enforcement verdict's
+    peak. None when the record has neither (records before issue 27)."""
+    figures: list[tuple[int, str]] = []
+    alloc = _mib(a.oom.alloc_mib) if a.oom is not None else None
+    if a.oom is not None and alloc is not None:
+        figures.append((min(MAX_PEAK_MIB, alloc + (_mib(a.oom.in_use_mib) or 0)),
+                        "the job's OOM message asked for"))
+    seen = _mib(a.enforcement.peak_mib) if a.enforcement is not None else None
     if seen is not None:
-        figures.append(seen)
-    return min(MAX_PEAK_MIB, max(figures)) if figures else None
+        figures.append((seen, "the collector's verdict saw"))
+    return max(figures) if figures else None
+
+
+def reported_mib(a: Attempt) -> int | None:
+    """:func:`reported`'s figure alone."""
+    r = reported(a)
+    return r[0] if r else None
 
 
 def _killed_by_enforcement(a: Attempt) -> str:
-    verdict = getattr(a, "enforcement", None)
-    if verdict is None or getattr(verdict, "action", "") != "killed":
+    v = a.enforcement
+    if v is None or v.action != "killed":
         return ""
-    return f"killed by colloc's enforcement ({getattr(verdict, 'kind', '') or 'verdict'})"
+    return f"killed by colloc's enforcement ({v.kind or 'verdict'})"
 
 
 def collector_gap_s(a: Attempt) -> int:
@@ -180,10 +186,11 @@ def classify(a: Attempt, job: UserJob | None = None, last: bool = True) -> Run:
     if peak is None:
         return Run(jid, a.attempt, key, "ignored", None, "not measured")
     reason = _incomplete(a, job, last)
-    said = reported_mib(a)
-    if said is not None and said > peak:
-        more = f"the job reported {said} MiB, {peak} MiB sampled"
-        return Run(jid, a.attempt, key, "bound", said, f"{reason}; {more}" if reason else more)
+    said = reported(a)
+    if said is not None and said[0] > peak:
+        more = f"{said[1]} {said[0]} MiB, {peak} MiB sampled"
+        return Run(jid, a.attempt, key, "bound", said[0],
+                   f"{reason}; {more}" if reason else more)
     if reason:
         return Run(jid, a.attempt, key, "bound", peak, reason)
     return Run(jid, a.attempt, key, "measured", peak)

@@ -40,14 +40,29 @@ def _setup(component: str, env: Mapping[str, str]):  # type: ignore[no-untyped-d
     return cfg, log
 
 
-def _slurm(env: Mapping[str, str]) -> SlurmCli:
+def _slurm(env: Mapping[str, str], timeout: float = 20) -> SlurmCli:
     from slurm_colloc.node.prolog import main_env
 
-    return SlurmCli(env=main_env(env), timeout=20)
+    return SlurmCli(env=main_env(env), timeout=timeout)
+
+
+PROLOG_WITHOUT = "job runs without MPS, a memory limit, metrics or enforcement"
+"""What a job whose prolog could not ask slurmctld goes without (the log says so)."""
+
+
+def prolog_jobs(env: Mapping[str, str], cfg: cfgmod.CollocConfig,
+                budget: Any = None) -> dict[int, Any]:
+    """The controller's job list within the prolog's one budget (``prolog_controller_s``,
+    every try together). Raises ``controller_wait.Unanswered`` when it is spent: that
+    is never "no jobs" (issue 28 item 3)."""
+    from slurm_colloc.node import controller_wait
+
+    budget = budget or controller_wait.Budget(cfg.prolog_controller_s)
+    return controller_wait.ask(lambda t: _slurm(env, t).jobs(), budget)
 
 
 def _run_root_script(
-    component: str, env: Mapping[str, str], body: Callable[..., str], on_error: str
+    component: str, env: Mapping[str, str], body: Callable[..., str | None], on_error: str
 ) -> int:
     """Shared frame of Prolog and Epilog: config, body, log; never raise.
 
@@ -59,7 +74,9 @@ def _run_root_script(
         cfg, log = _setup(component, env)
         if cfg is None:
             return 0
-        log.info("%s", body(cfg, _slurm(env), log))
+        line = body(cfg, _slurm(env), log)
+        if line:  # None: the body logged its own line
+            log.info("%s", line)
     except Exception as e:  # noqa: BLE001 - policy: log, take the safe path, never drain
         log.error("internal error, %s: %s: %s", on_error, type(e).__name__, e)
     return 0
@@ -72,13 +89,17 @@ def prolog_main(env: Mapping[str, str]) -> int:
     and, for reaping, which registered jobs are still alive. It is taken before any
     GPU lock, so a slow controller never holds up other jobs' prologs and epilogs.
     """
-    from slurm_colloc.node import prolog
+    from slurm_colloc.node import controller_wait, prolog
 
-    def body(cfg: cfgmod.CollocConfig, adapter: SlurmCli, log: object) -> str:
+    def body(cfg: cfgmod.CollocConfig, adapter: SlurmCli, log: Any) -> str | None:
         if not env.get("SLURM_JOB_GPUS"):  # slurmd bound no GPU: nothing to ask Slurm
             return prolog.no_gpu(jobmod.bare_context(env), cfg)
         taken = time.time()
-        jobs = adapter.jobs()
+        try:
+            jobs = prolog_jobs(env, cfg)
+        except controller_wait.Unanswered as e:  # stated and bounded (issue 28 item 3)
+            log.error("%s: %s; no other job's MPS state touched", PROLOG_WITHOUT, e)
+            return None
         ctx = jobmod.from_slurm(env, adapter, jobs)
         d = prolog.run(ctx, cfg, adapter, jobs, taken)
         return f"{d.mode} gpu={d.gpu} limit_mib={d.limit_mib} {d.detail}"

@@ -19,7 +19,7 @@ from typing import Any
 from slurm_colloc.accounting.field import carry_in_admin_comment
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.mps.tenancy import Tenancy
-from slurm_colloc.node import evidence, requeue_policy
+from slurm_colloc.node import evidence, requeue_policy, requeue_steps
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.node.prolog import daemon_for
 from slurm_colloc.oom.patterns import AttemptCause
@@ -40,6 +40,8 @@ class EpilogResult:
     """The user's copy first when it was written (issue 13), then root's copies."""
     decision: requeue_policy.RequeueDecision | None = None
     requeued: bool = False
+    requeue_pending: bool = False
+    """slurmctld did not answer: a detached helper retries the requeue (issue 28)."""
     shards_per_gpu: int | None = None
     culprit: str | None = None
     """Co-tenant job the collector blamed for this job's GPU OOM."""
@@ -56,7 +58,8 @@ class EpilogResult:
         if self.culprit:
             parts.append(f"culprit=job {self.culprit}")
         if self.decision:
-            parts.append(f"requeue={'yes' if self.requeued else 'no'} ({self.decision.reason})")
+            said = "pending" if self.requeue_pending else "yes" if self.requeued else "no"
+            parts.append(f"requeue={said} ({self.decision.reason})")
         if self.evidence_files:
             parts.append(f"evidence={','.join(self.evidence_files)}")
         if self.stopped_daemons:
@@ -214,12 +217,16 @@ def run(
             # Slurm lets no one set SystemComment with scontrol (24.11, 26.05)
             carry = text if text is None else carry_in_admin_comment(ctx.admin_comment, text)
             errors = requeue(ctx, adapter, result.decision.new_shards, admin_comment=carry,
-                             nice=cfg.recovery_nice)
+                             nice=cfg.recovery_nice, record=text)
             result.requeued = True
             result.errors.extend(errors)
+        except requeue_steps.ControllerAway as e:  # issue 28: retried until Slurm answers
+            text = _hand_off_requeue(e.plan, ctx, cfg, text, result, log)
         except (SlurmError, ValueError) as e:
             result.errors.append(f"requeue failed: {e}")
             log.error("requeue failed: %s", e)
+            text = requeue_steps.failed_record(text, ctx.restarts, f"requeue failed: {e}",
+                                               max_bytes=cfg.admin_comment_max_bytes)
     if not result.requeued and text is not None:
         _spool_record(ctx, cfg, text, result)
     _count_events(cfg, result)
@@ -438,9 +445,45 @@ def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogR
         result.errors.append(f"accounting record not written: {e}")
 
 
+def _hand_off_requeue(
+    plan: requeue_steps.RequeuePlan, ctx: JobContext, cfg: CollocConfig, text: str | None,
+    result: EpilogResult, log: logging.LoggerAdapter[Any],
+) -> str | None:
+    """slurmctld did not answer the requeue: a detached helper retries it
+    (``slurm_colloc.node.requeue_retry``) and writes the record once it knows what
+    happened. Returns the text still to spool here: None when the helper took the
+    record over, the record marked "requeue failed" when no helper could start."""
+    import os
+
+    from slurm_colloc.node import job as jobmod
+    from slurm_colloc.node.prolog import main_env
+
+    plan.context = jobmod.context_to_json(ctx)
+    try:
+        path = requeue_steps.hand_off(plan, cfg.evidence_dir, main_env(os.environ))
+    except Exception as e:  # noqa: BLE001 - then the record says the requeue failed
+        why = f"requeue failed: slurmctld did not answer and no retry could start ({e})"
+        result.errors.append(why)
+        log.error("%s", why)
+        return requeue_steps.failed_record(text, ctx.restarts, why,
+                                           max_bytes=cfg.admin_comment_max_bytes)
+    result.requeue_pending = True
+    line = (f"requeue pending: {_accepted_so_far(plan)}; retried by a detached helper "
+            f"for up to {cfg.requeue_retry_s} s ({path})")
+    result.errors.append(line)
+    log.warning("%s", line)
+    return None
+
+
+def _accepted_so_far(plan: requeue_steps.RequeuePlan) -> str:
+    """Which steps Slurm accepted before it stopped answering."""
+    done = ", ".join(plan.done) or "nothing"
+    return f"slurmctld did not answer (accepted so far: {done})"
+
+
 def requeue(
     ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None,
-    nice: int = 0,
+    nice: int = 0, record: str | None = None,
 ) -> list[str]:
     """Hold-requeue, raise the shard request, boost the priority, release.
 
@@ -458,6 +501,10 @@ def requeue(
     job raises ValueError before Slurm is asked anything (issue 11, M5). The shard
     request is the requeue; a refused priority boost or AdminComment update does not
     undo it: their messages are returned instead.
+
+    The steps are :mod:`.requeue_steps`': when slurmctld does not answer, its
+    ``ControllerAway`` carries the plan (``record``: this attempt's record, for the
+    retry to rewrite if the requeue never lands) so a detached helper can go on.
     """
     if not placed_by_colloc(ctx):
         raise ValueError(
@@ -465,22 +512,11 @@ def requeue(
         )
     if new_shards <= 0:
         raise ValueError(f"job {ctx.job_id}: refusing a request of {new_shards} shards")
-    adapter.requeue(ctx.job_id, hold=True)
-    errors: list[str] = []
-    try:
-        if new_shards != ctx.shards or not ctx.is_shared:
-            adapter.update_job(ctx.job_id, TresPerNode=f"gres/shard:{new_shards}")
-        if nice > 0:
-            try:
-                adapter.update_job(ctx.job_id, Nice=str(-nice))
-            except SlurmError as e:
-                errors.append(f"recovery priority not raised after the requeue: {e}")
-        if admin_comment:
-            # allowed now: the job is pending again, not finished
-            try:
-                adapter.update_job(ctx.job_id, AdminComment=admin_comment)
-            except SlurmError as e:
-                errors.append(f"AdminComment not updated after the requeue: {e}")
-    finally:
-        adapter.release(ctx.job_id)
-    return errors
+    import time
+
+    plan = requeue_steps.RequeuePlan(
+        job_id=ctx.job_id, attempt=ctx.restarts, new_shards=new_shards,
+        resize=new_shards != ctx.shards or not ctx.is_shared, nice=max(0, nice),
+        admin_comment=admin_comment or None, record=record, decided_at=time.time(),
+    )
+    return requeue_steps.advance(plan, adapter)

@@ -11,3 +11,8 @@ def hms(seconds: int | float | None, missing: str = "?") -> str:
     h, rem = divmod(rem, 3600)
     m, sec = divmod(rem, 60)
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
+
+
+def gib(mib: float | None) -> str:
+    """MiB as a short GiB figure (``?`` when unknown)."""
+    return "?" if mib is None else f"{mib / 1024:.1f} GiB"

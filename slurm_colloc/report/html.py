@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from html import escape
 
 from slurm_colloc.metrics.store import Series
-from slurm_colloc.report.fmt import hms
+from slurm_colloc.report import story
+from slurm_colloc.report.fmt import gib, hms
 from slurm_colloc.report.lost_work import lost_work_html
 from slurm_colloc.report.model import SOURCE_ACCOUNTING, AttemptView, JobReport
-from slurm_colloc.report.recommend import gib
 from slurm_colloc.report.sampling import sampling_line
 
 W = 640
@@ -353,21 +353,39 @@ def request_text(rep: JobReport) -> str:
     return "; ".join(parts) or "?"
 
 
+def _story_html(rep: JobReport) -> list[str]:
+    """"What happened" per attempt (:mod:`slurm_colloc.report.story`)."""
+    lines = [a for a in rep.attempts if a.story]
+    if not lines:
+        return []
+    return ["<h2>What happened</h2>"] + [
+        f'<p class="story" data-cause="{escape(str(a.story["cause"]))}">'
+        f"{escape(story.line(a))}</p>" for a in lines if a.story]
+
+
+def _head_rows(rep: JobReport) -> list[str]:
+    """The header table's rows (the exit code as sacct prints it, and in words)."""
+    state = rep.state + (" (so far)" if state_class(rep.state) == "run" else "")
+    words = story.exit_words(rep.exit_code)
+    code = f"{rep.exit_code} ({words})" if rep.exit_code and words else rep.exit_code
+    out = []
+    for k, v, cls in (("User", rep.user, ""), ("State", state, state_class(rep.state)),
+                      ("Exit code", code, ""), ("Node", rep.node, ""),
+                      ("Elapsed", hms(rep.elapsed_s), ""),
+                      ("Request", request_text(rep), "wrap"),
+                      ("Attempts", str(len(rep.attempts)), "")):
+        c = f' class="{cls}"' if cls else ""
+        out.append(f"<tr><th>{k}</th><td{c}>{escape(v or '?')}</td></tr>")
+    return out
+
+
 def render(rep: JobReport) -> str:
     """The page."""
     e = escape
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
            f"<title>colloc report: job {e(rep.job_id)}</title><style>{_CSS}</style></head><body>",
            f"<h1>colloc job report: job {e(rep.job_id)} {e(rep.name)}</h1><table>"]
-    state = rep.state + (" (so far)" if state_class(rep.state) == "run" else "")
-    for k, v, cls in (("User", rep.user, ""), ("State", state, state_class(rep.state)),
-                      ("Exit code", rep.exit_code, ""), ("Node", rep.node, ""),
-                      ("Elapsed", hms(rep.elapsed_s), ""),
-                      ("Request", request_text(rep), "wrap"),
-                      ("Attempts", str(len(rep.attempts)), "")):
-        c = f' class="{cls}"' if cls else ""
-        out.append(f"<tr><th>{k}</th><td{c}>{e(v or '?')}</td></tr>")
-    out.append("</table><h2>Attempts</h2><table><tr>")
+    out += [*_head_rows(rep), "</table>", *_story_html(rep), "<h2>Attempts</h2><table><tr>"]
     cols = ("#", "GPU", "limit", "estimate", "peak", "peak / limit", "mean", "SM activity",
             "energy", "shared with", "outcome", "OOM evidence")
     out.append("".join(f"<th>{c}</th>" for c in cols) + "</tr>")

@@ -313,7 +313,9 @@ class SlurmInquirer(Inquirer):
         tasks = {t for t in done if t.startswith(f"{job_id}_")}
         try:
             live = self.slurm.jobs()
-        except SlurmError:
+        except SlurmError as e:  # not "no tasks": the report says what it could not see
+            self._warnings.append(f"slurmctld did not answer, array tasks not yet in "
+                                  f"accounting are not listed: {str(e)[:160]}")
             live = {}
         tasks |= {f"{j.array_job_id}_{j.array_task_id}" for j in live.values()
                   if str(j.array_job_id) == job_id and j.array_task_id is not None}
@@ -343,12 +345,16 @@ class SlurmInquirer(Inquirer):
     def live(self, job_id: str) -> dict[str, Any] | None:
         if not _JOB_ID.match(job_id):
             return None
-        if "_" not in job_id:
-            return self.slurm.show_job(job_id)
-        arr, task = (int(x) for x in job_id.split("_"))
-        for j in self.slurm.jobs().values():
-            if j.array_job_id == arr and j.array_task_id == task:
-                return scontrol_view(j)
+        try:
+            if "_" not in job_id:
+                return self.slurm.show_job(job_id)
+            arr, task = (int(x) for x in job_id.split("_"))
+            for j in self.slurm.jobs().values():
+                if j.array_job_id == arr and j.array_task_id == task:
+                    return scontrol_view(j)
+        except SlurmError as e:  # the report goes on from accounting, and says so
+            self._warnings.append(f"slurmctld did not answer, the job's live state is "
+                                  f"not shown: {str(e)[:160]}")
         return None
 
     def series(self, job_id: str, attempt: int) -> store.Series | None:

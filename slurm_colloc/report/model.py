@@ -22,6 +22,7 @@ from slurm_colloc.config import CollocConfig, RecordField
 from slurm_colloc.gpu.budget import config_budget
 from slurm_colloc.metrics import store
 from slurm_colloc.metrics.summary import IDLE_SM_PCT, summarize
+from slurm_colloc.oom.alloc import in_lines
 from slurm_colloc.report.inquirer import Inquirer, JobRow, parse_time
 from slurm_colloc.report.lost_work import add_lost_work
 
@@ -91,6 +92,18 @@ class AttemptView:
     unscanned: list[str] = field(default_factory=list)
     """Job logs the epilog could not scan, ``"<path>: <why>"`` (a FIFO, a deleted
     file, ...): the attempt's cause was not looked for there (issue 28)."""
+    state: str | None = None
+    """sacct's State of this attempt (the job's for the last one)."""
+    exit_code: str | None = None
+    """sacct's ExitCode of this attempt, ``N:S`` as ``sacct -o ExitCode`` prints it
+    (``0:9``: killed by SIGKILL)."""
+    enforcement: dict[str, Any] | None = None
+    """The collector's verdict on the attempt, as the epilog kept it: ``kind``
+    (``over_limit``/``outside_mps``), ``action`` (``killed``, ``flagged``...),
+    ``peak_mib``, ``limit_mib``, ``outside_mps``. None: none."""
+    story: dict[str, Any] | None = None
+    """Who stopped the attempt and why, in words (:func:`slurm_colloc.report.story.of`):
+    ``cause``, ``summary``, ``exit_code``, ``exit``, ``measured``, ``flag``."""
     lost_work: dict[str, Any] | None = None
     """Work an OOM cost (:mod:`slurm_colloc.report.lost_work`): ``checkpoint_dir``,
     ``last_checkpoint`` (epoch s) and ``lost_s``, the time from the job's last
@@ -184,6 +197,16 @@ def _evidence(oom: dict[str, Any], node: str | None, inquirer: Inquirer) -> None
     }.get(chk.status, f"{path} (not a usable path)")
 
 
+def _alloc_from_tail(oom: dict[str, Any]) -> None:
+    """A record written before the epilog kept the failed allocation: read it from the
+    evidence tail when that is readable here."""
+    if oom.get("alloc_mib") is not None or oom.get("cause") != "gpu-oom":
+        return
+    found = in_lines(list(oom.get("evidence_tail") or []))
+    if found is not None:
+        oom["alloc_mib"], oom["in_use_mib"] = found.alloc_mib, found.in_use_mib
+
+
 def series_from_record(job_id: str, a: Attempt) -> store.Series | None:
     """The record's downsampled series of attempt ``a`` as store rows (None if none).
 
@@ -242,7 +265,11 @@ def _view(a: Attempt, outcome: str) -> AttemptView:
     v.unscanned = list(a.unscanned)
     if a.oom and a.oom.cause != "none":
         v.oom = {"cause": a.oom.cause, "pattern": a.oom.pattern_id,
-                 "evidence": a.oom.evidence_path, "whole_gpu": a.oom.whole_gpu}
+                 "evidence": a.oom.evidence_path, "whole_gpu": a.oom.whole_gpu,
+                 "alloc_mib": a.oom.alloc_mib, "in_use_mib": a.oom.in_use_mib,
+                 "culprit": a.oom.culprit}
+    if a.enforcement is not None:
+        v.enforcement = asdict(a.enforcement)
     if m is not None and m.span_s is not None:
         t0 = a.start or 0
         v.sampling = _sampling(m.span_s, [(t0 + o, t0 + o + n, c) for o, n, c in m.gaps],
@@ -379,7 +406,11 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     views = []
     for i, a in enumerate(attempts):
         row = rows[i] if len(rows) == len(attempts) else None
-        views.append(_view(a, _outcome(a, row, i == len(attempts) - 1, state)))
+        is_last = i == len(attempts) - 1
+        views.append(_view(a, _outcome(a, row, is_last, state)))
+        views[-1].state = row.state if row else (state if is_last else None)
+        views[-1].exit_code = (row.exit_code if row else
+                               (last.exit_code if is_last and last else None)) or None
         if row is not None and row.start is not None and row.submit is not None:
             views[-1].waited_s = max(0, row.start - row.submit)
     series = _attach_series(raw, attempts, views, metas, inquirer)
@@ -462,6 +493,7 @@ def _attach_series(raw: str, attempts: list[Attempt], views: list[AttemptView],
             v.series_points = _points(rs, 0.0)
         if v.oom is not None:
             _evidence(v.oom, v.node, inquirer)
+            _alloc_from_tail(v.oom)
         if v.start is not None:
             found = inquirer.collector_gaps(raw, v.start, v.end)
             v.unenforced = None if found is None else [[a, b] for a, b in found]

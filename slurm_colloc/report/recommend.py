@@ -8,7 +8,10 @@ measured, so a recommendation always says which figure it comes from:
 - idle phases: many samples with the SM idle while the job holds memory
   (data loading, checkpointing, evaluation on the CPU);
 - a smaller share would do: the measured peak plus margin fits in fewer shards;
-- an OOM: the estimate was short by this much; ask for this much next time.
+- an OOM: the estimate was short by this much; ask for this much next time;
+- what ended an attempt (colloc's kill, a co-tenant, a known failed allocation, a
+  signal): :mod:`.cause_advice`; an attempt stopped from outside gets no memory advice,
+  and a peak measured with the collector stopped never shrinks a share.
 """
 
 from __future__ import annotations
@@ -16,18 +19,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from slurm_colloc.report import placement
+from slurm_colloc.report import cause_advice, placement
+from slurm_colloc.report.fmt import gib
+from slurm_colloc.report.sampling import collector_stopped
+from slurm_colloc.report.story import CO_TENANT
 
 if TYPE_CHECKING:
     from slurm_colloc.report.model import AttemptView, JobReport
 
 MARGIN = 0.10
 """Headroom recommended over a measured peak."""
-
-
-def gib(mib: float | None) -> str:
-    """MiB as a short GiB figure."""
-    return "?" if mib is None else f"{mib / 1024:.1f} GiB"
 
 
 def _final(rep: JobReport) -> AttemptView | None:
@@ -45,9 +46,10 @@ def notes_and_advice(rep: JobReport) -> tuple[list[str], list[str]]:
              + [n for a in rep.attempts for n in _attempt_notes(rep, a)])
     advice: list[str] = placement.advice(rep)
     _fatal_cuda(rep, notes, advice)
+    advice += cause_advice.advice(rep)
     f = _final(rep)
-    if f is None or f.peak_mib is None:
-        return notes, advice
+    if f is None or f.peak_mib is None or cause_advice.stopped_from_outside(rep):
+        return notes, advice  # a killed or signalled attempt's peak is not its need
     est = f.estimate_mib or (rep.submitted or {}).get("estimate_mib")
     if est:
         err = (est - f.peak_mib) / f.peak_mib * 100 if f.peak_mib else 0.0
@@ -133,15 +135,19 @@ def _advice(rep: JobReport, f: AttemptView, est: int | None) -> list[str]:
     advice = []
     first = rep.attempts[0] if rep.attempts else None
     learned = (rep.submitted or {}).get("fingerprint")
-    if first is not None and first.oom and first.oom["cause"] == "gpu-oom" and not rep.running:
+    partial = collector_stopped(f.sampling)  # the peak may have been higher
+    if (first is not None and first.oom and first.oom["cause"] == "gpu-oom" and not rep.running
+            and cause_advice.cause(first) != CO_TENANT and not cause_advice.oom_sized(rep)):
         need = math.ceil(f.peak_mib * (1 + MARGIN) / 1024)
         advice.append(f"The first estimate ({gib(first.estimate_mib or est)}) was too low: "
-                      f"this job peaked at {gib(f.peak_mib)}. Next time submit with "
+                      f"this job peaked at {'at least ' if partial else ''}"
+                      f"{gib(f.peak_mib)}. Next time submit with "
                       f"--colloc-mem={need}G (peak + 10%) to share a GPU without a crash"
                       + ("; a --colloc=SUMMARY rerun (this or another batch size) is now "
                          "sized from this measured peak automatically." if learned else "."))
     advice += _usage_advice(rep, f)
-    if f.limit_mib and rep.shard_mib and not f.oom and not (first and first.oom):
+    if (f.limit_mib and rep.shard_mib and not f.oom and not (first and first.oom)
+            and not partial):
         need_shards = math.ceil(f.peak_mib * (1 + MARGIN) / rep.shard_mib)
         have = f.shards or f.limit_mib // rep.shard_mib
         if have - need_shards >= 2:

@@ -5,7 +5,8 @@ the estimate, SM activity), details (one row per attempt), co-tenants over time,
 time series per attempt (its source, node-local or the accounting record's
 downsampled one, the holes in its sampling, and ASCII sparklines of memory and
 activity), OOM evidence (where it is and whether it is readable from this host), then
-notes and recommendations.
+notes and recommendations. "What happened" (after the header) says who stopped each
+attempt and why, with its exit code as sacct prints it.
 
 Strings from Slurm, job records or the node (job name, user, node, co-tenants, notes
 that quote them) reach rich only as :class:`Text` built by :func:`safe`: never parsed
@@ -21,10 +22,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from slurm_colloc.report.fmt import hms
+from slurm_colloc.report import story
+from slurm_colloc.report.fmt import gib, hms
 from slurm_colloc.report.lost_work import lost_work_lines
 from slurm_colloc.report.model import AttemptView, JobReport
-from slurm_colloc.report.recommend import gib
 from slurm_colloc.report.sampling import collector_stopped, sampling_line
 
 BAR = 30
@@ -163,6 +164,20 @@ def _evidence_lines(a: AttemptView) -> list[Text]:
     return out
 
 
+def _story_lines(rep: JobReport) -> list[RenderableType]:
+    """"What happened": who stopped each attempt and why, its exit code, how much of
+    it was measured (:mod:`slurm_colloc.report.story`)."""
+    if not any(a.story for a in rep.attempts):
+        return []
+    out: list[RenderableType] = [Text(""), Text("What happened", style="bold")]
+    for a in rep.attempts:
+        if a.story:
+            out.append(safe(f"  {story.line(a)}",
+                            style="" if a.story["cause"] in ("completed", "running")
+                            else "yellow"))
+    return out
+
+
 def render(rep: JobReport) -> RenderableType:
     """The whole report as one rich renderable (jobstats' order: header, bars,
     details, notes)."""
@@ -173,6 +188,7 @@ def render(rep: JobReport) -> RenderableType:
     if not rep.colloc:
         parts += [Text(""), *[safe(f"  * {n}") for n in rep.notes]]
         return Group(*parts)
+    parts += _story_lines(rep)
     parts += [Text(""), Text("Overall (last measured attempt)", style="bold"), *_overall(rep)]
     parts += [Text(""), Text("Attempts (memory in GiB; * = utilization, not SM activity)",
                    style="bold"), _detail_table(rep)]

@@ -340,12 +340,21 @@ def _document(text: str, limit: int, what: str) -> list[Any]:
     errors = doc.get("errors", [])
     if not isinstance(errors, list):
         raise SqueueJsonError(f"{what}: 'errors' is not a list")
-    if errors:
-        first = errors[0]
-        msg = first.get("description") or first.get("error") if isinstance(first, dict) else first
-        raise SqueueJsonError(f"{what}: the controller reported: {str(msg)[:200]}")
+    if errors:  # slurmctld away: exit 0, no jobs and this list (24.11, 26.05)
+        raise SqueueJsonError(f"{what}: the controller reported: {_error_text(errors[0])}")
     jobs: list[Any] = doc["jobs"]
     return jobs
+
+
+def _error_text(entry: Any) -> str:
+    """One ``errors[]`` entry as a line: its description and its error name (either
+    may be empty; the name, ``Communication connection failure``, is what says the
+    controller did not answer)."""
+    if not isinstance(entry, dict):
+        return str(entry)[:200]
+    parts = [str(entry.get(k) or "").strip() for k in ("description", "error")]
+    text = " / ".join(dict.fromkeys(p for p in parts if p)) or "an error without text"
+    return text[:240]
 
 
 def parse_jobs(text: str) -> dict[int, SlurmJob]:

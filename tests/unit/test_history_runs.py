@@ -26,6 +26,7 @@ from slurm_colloc.accounting.history_runs import (
     reported_mib,
     runs_of,
 )
+from slurm_colloc.accounting.record import Enforcement
 from slurm_colloc.estimators import estimate, parse_summary
 from slurm_colloc.slurm import adapter as ad
 from slurm_colloc.slurm import sacct_json
@@ -42,9 +43,7 @@ def _a(peak: int, *, batch: int = 32, n: int = 0, gap_s: int = 0, oom: bool = Fa
     gaps = ((4, gap_s, "collector"),) if gap_s else ()
     o = None
     if oom or alloc is not None:
-        o = OomInfo("gpu-oom" if oom else "none", "torch-cuda-oom")
-        if alloc is not None:
-            object.__setattr__(o, "alloc_mib", alloc)  # issue 27 item 1's field, if absent
+        o = OomInfo("gpu-oom" if oom else "none", "torch-cuda-oom", alloc_mib=alloc)
     return Attempt(
         attempt=n, estimate=Estimate(12000, "layer-aware", 1000, FP, batch_size=batch,
                                      optimizer="sgd"),
@@ -138,7 +137,12 @@ def test_classify_names_the_reason() -> None:
     r = classify(_a(5000, alloc=2048))  # not an OOM, but the job said it held 2 GiB: less
     assert r.use == "measured"
     r = classify(_a(4096, oom=True, alloc=10240))
-    assert r.use == "bound" and r.peak_mib == 10240 and "reported 10240 MiB" in r.reason
+    assert (r.use, r.peak_mib, r.reason) == (
+        "bound", 10240, "ended by gpu-oom; the job's OOM message asked for 10240 MiB, "
+        "4096 MiB sampled")
+    held = dataclasses.replace(_a(4096, oom=True), oom=OomInfo("gpu-oom", alloc_mib=10240,
+                                                                  in_use_mib=4000))
+    assert classify(held).peak_mib == 14240  # what it held + what it was refused
     assert reported_mib(_a(100)) is None
     assert classify(_a(5000, samples=0)).use == "ignored"
     # a job's gap that is its own (no process on the GPU) is no sampling failure
@@ -149,12 +153,15 @@ def test_classify_names_the_reason() -> None:
 
 
 def test_enforcement_kill_is_a_bound() -> None:
-    a = _a(30000)
-    verdict = type("V", (), {"action": "killed", "kind": "over_limit", "peak_mib": 31000})()
-    object.__setattr__(a, "enforcement", verdict)  # issue 27 item 1's record field
+    a = dataclasses.replace(_a(30000), enforcement=Enforcement("over_limit", "killed",
+                                                                peak_mib=31000, limit_mib=2048))
     r = classify(a)
     assert r.use == "bound" and r.peak_mib == 31000
-    assert r.reason.startswith("killed by colloc's enforcement (over_limit)")
+    assert r.reason == ("killed by colloc's enforcement (over_limit); the collector's verdict "
+                        "saw 31000 MiB, 30000 MiB sampled")
+    flagged = dataclasses.replace(a, enforcement=Enforcement("outside_mps", "flagged",
+                                                             peak_mib=20000))
+    assert classify(flagged).use == "measured"  # flagged only, ran to its end
 
 
 def test_provenance_lists_used_and_set_aside_runs() -> None:

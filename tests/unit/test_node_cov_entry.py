@@ -84,7 +84,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     write_conf()
     monkeypatch.setenv("COLLOC_CONF", str(root / "colloc.conf"))
     fake = {"slurm": FakeSlurm(squeue_job())}
-    monkeypatch.setattr(entry, "_slurm", lambda env: fake["slurm"])
+    monkeypatch.setattr(entry, "_slurm", lambda env, timeout=20: fake["slurm"])
 
     def reset() -> None:
         for c in ("prolog", "epilog"):
@@ -170,9 +170,22 @@ def test_prolog_malformed_slurmd_env_is_logged_not_raised(node, monkeypatch, env
 def test_prolog_controller_down_exits_0(node, monkeypatch) -> None:
     from slurm_colloc.slurm.adapter import SlurmError
 
+    class Clock:  # the prolog's budget on a fake clock (issue 28 item 3)
+        now = 0.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def sleep(self, s: float) -> None:
+            self.now += s
+
+    from slurm_colloc.node import controller_wait
+
+    monkeypatch.setattr(controller_wait, "time", Clock())
     node.use(FakeSlurm(fail=SlurmError("squeue: Unable to contact slurm controller")))
     assert entry.prolog_main(dict(ENV)) == 0
-    assert "SlurmError: squeue: Unable to contact" in node.log()
+    log = node.log()
+    assert "did not answer in 13s" in log and "squeue: Unable to contact" in log  # budget 15 s
 
 
 def test_prolog_broken_config_does_nothing(node, caplog) -> None:

@@ -1,0 +1,179 @@
+"""A decided requeue slurmctld did not answer, retried by a detached helper until it
+does (issue 28 item 2).
+
+In the fault runs slurmctld was killed at the start of an OOM job's epilog:
+``scontrol requeuehold`` timed out once, the job ended FAILED and its record said
+"requeued". Now the epilog tries once (:func:`slurm_colloc.node.requeue_steps.advance`);
+when slurmctld does not answer it leaves the plan in root's state
+(``<state>/requeue/<job>.<attempt>.json``, 0600 in a 0700 directory) and starts this
+module detached, as it does the record writer, so the epilog still ends in time
+(slurmd waits for it, and the job stays COMPLETING meanwhile).
+
+The helper retries with a pause doubling from :data:`PAUSE_S` to :data:`MAX_PAUSE_S`
+until slurmctld answers. The bound is the job's own life in Slurm: once slurmctld
+answers, it either accepts the requeue or refuses it (a job it no longer knows, past
+``MinJobAge``: "Invalid job id"), and either ends the retry. Config
+``requeue_retry_s`` caps the wait for a controller that never comes back. Every
+outcome is logged, and the record says what happened: "requeued" only when Slurm
+accepted the hold (the record then travels in AdminComment as before); otherwise
+the record, marked "requeue failed: ...", goes to the record writer's spool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_colloc.node.requeue_steps import (
+    ControllerAway,
+    RequeuePlan,
+    advance,
+    failed_record,
+    read_plan,
+    write_plan,
+)
+from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
+
+PAUSE_S = 1.0
+"""The first pause between tries."""
+MAX_PAUSE_S = 30.0
+"""The longest pause between tries."""
+TRY_TIMEOUT_S = 20.0
+"""Each Slurm command's own limit (as the epilog's)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a retried requeue ended."""
+
+    requeued: bool
+    waited_s: float
+    tries: int
+    why: str
+    """One sentence for the log and (when not requeued) the record."""
+    errors: tuple[str, ...] = ()
+
+
+def retry(plan: RequeuePlan, adapter: SlurmAdapter, *, cap_s: float,
+          clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+          save: Callable[[RequeuePlan], None] = lambda p: None,
+          log: Any = None) -> Outcome:
+    """Advance ``plan`` until Slurm answers or ``cap_s`` after the decision has passed.
+
+    ``save`` keeps the plan's progress after each try (a helper that dies goes on from
+    there). ``clock`` is wall-clock time (the decision's time is one).
+    """
+    pause, tries = PAUSE_S, 0
+    while True:
+        tries += 1
+        try:
+            errors = advance(plan, adapter)
+        except ControllerAway as e:
+            save(plan)
+            waited = clock() - plan.decided_at
+            if waited >= cap_s:
+                return Outcome(plan.held, waited, tries,
+                               _unreachable(waited, plan) if not plan.held else
+                               f"requeued, but slurmctld stopped answering ({e.step}) "
+                               f"for {waited:.0f} s: the job may still be held "
+                               f"(scontrol release {plan.job_id})")
+            if log is not None and (tries == 1 or tries % 10 == 0):
+                log.warning("requeue of job %s: %s; retrying for up to %.0f s more",
+                            plan.job_id, e, cap_s - waited)
+            sleep(min(pause, max(0.0, cap_s - waited)))
+            pause = min(pause * 2, MAX_PAUSE_S)
+            continue
+        except SlurmError as e:
+            save(plan)
+            waited = clock() - plan.decided_at
+            if plan.held:
+                return Outcome(True, waited, tries, f"requeued; then Slurm refused: {e}")
+            return Outcome(False, waited, tries,
+                           f"requeue failed: slurmctld refused it after {waited:.0f} s: "
+                           f"{str(e)[:200]}")
+        save(plan)
+        waited = clock() - plan.decided_at
+        return Outcome(True, waited, tries, f"requeued after {waited:.0f} s "
+                       f"({tries} tr{'y' if tries == 1 else 'ies'})", tuple(errors))
+
+
+def _unreachable(waited: float, plan: RequeuePlan) -> str:
+    """The record's sentence when the requeue never reached Slurm."""
+    return f"requeue failed: controller unreachable for {waited:.0f} s"
+
+
+# ------------------------------------------------------------------ the helper ---
+
+
+def finish(plan: RequeuePlan, outcome: Outcome, cfg: Any, log: Any,
+           spool: Callable[[str], None]) -> str | None:
+    """Log the outcome; when the requeue did not land, spool the record saying so.
+    Returns the record text spooled (None: none)."""
+    if outcome.requeued:
+        log.info("job %s attempt %s: %s%s", plan.job_id, plan.attempt, outcome.why,
+                 f"; {'; '.join(outcome.errors)}" if outcome.errors else "")
+        return None
+    log.error("job %s attempt %s: %s; the job stays as Slurm ended it", plan.job_id,
+              plan.attempt, outcome.why)
+    text = failed_record(plan.record, plan.attempt, outcome.why,
+                         max_bytes=cfg.admin_comment_max_bytes)
+    if text is not None:
+        spool(text)
+    return text
+
+
+def _spool_with_epilog(plan: RequeuePlan, cfg: Any) -> Callable[[str], None]:
+    """The epilog's own spooling of a finished job's record (and its writer)."""
+    from slurm_colloc.node import epilog, job
+
+    def spool(text: str) -> None:
+        env = {"SLURM_JOB_ID": str(plan.job_id)}
+        ctx = None
+        with contextlib.suppress(ValueError, job.JobInfoError):
+            import json
+
+            env["SLURM_JOB_UID"] = str(json.loads(plan.context)["uid"])
+            ctx = job.context_from_json(plan.context, env)
+        if ctx is None:
+            raise SlurmError(f"job {plan.job_id}: no job context kept, record not spooled")
+        result = epilog.EpilogResult(plan.job_id)
+        epilog._spool_record(ctx, cfg, text, result)  # the one spool path (and its writer)
+        if result.errors:
+            raise SlurmError("; ".join(result.errors))
+
+    return spool
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry: ``python -m slurm_colloc.node.requeue_retry PLANFILE`` (root, detached)."""
+    from slurm_colloc import config as cfgmod
+    from slurm_colloc.node.logging_setup import node_logger
+    from slurm_colloc.node.prolog import main_env
+    from slurm_colloc.slurm.adapter import SlurmCli
+
+    args = sys.argv[1:] if argv is None else argv
+    path = Path(args[0])
+    log = node_logger("requeue-retry", path.name.split(".")[0], None)
+    try:
+        cfg = cfgmod.load()
+        log = node_logger("requeue-retry", path.name.split(".")[0], cfg.log_file)
+        plan = read_plan(path)
+        adapter = SlurmCli(env=main_env(os.environ), timeout=TRY_TIMEOUT_S)
+        outcome = retry(plan, adapter, cap_s=cfg.requeue_retry_s,
+                        save=lambda p: write_plan(path, p), log=log)
+        finish(plan, outcome, cfg, log, _spool_with_epilog(plan, cfg))
+        path.unlink(missing_ok=True)
+    except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
+        log.error("requeue retry of %s stopped: %s: %s (plan left in place)", path,
+                  type(e).__name__, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
