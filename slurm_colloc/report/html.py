@@ -44,15 +44,25 @@ C_MEM, C_LIMIT, C_EST, C_SM, C_POWER, C_TENANT = (
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:960px}
-h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}
-table{border-collapse:collapse;margin:4px 0}td,th{padding:2px 6px;text-align:left}
-td{white-space:nowrap}td.wrap{white-space:normal}
+h1{font-size:1.4em;overflow-wrap:anywhere}h2{font-size:1.1em;margin-top:1.6em}
+table{border-collapse:collapse;margin:4px 0;display:block;max-width:100%;overflow-x:auto;
+font-size:.92em}
+td,th{padding:2px 4px;text-align:left;vertical-align:top}
+td{white-space:nowrap}td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:6em}
 th{background:#eee}.ok{color:#070}.warn{color:#a60}.bad{color:#b00}
 .run{color:#06c;font-weight:bold}.pend{color:#666;font-style:italic}
-svg{background:#fafafa;border:1px solid #ddd;margin:4px 0;display:block}
+svg{background:#fafafa;border:1px solid #ddd;margin:4px 0;display:block;max-width:100%;
+box-sizing:border-box;height:auto}
 svg text{font-family:system-ui,sans-serif}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:4px}
+p{overflow-wrap:anywhere}
 .note{margin:2px 0}.rec{margin:2px 0;color:#064}.missing{color:#666;font-style:italic}
+@media (max-width:600px){body{margin:.5em}td,th{padding:2px 3px}}
 """
+"""Readable from a phone (~360 px) to a desktop: a table too wide for the window
+scrolls inside its own box (``display:block``) rather than push the page wider; long
+names, paths and evidence lines wrap; plots scale down (their viewBox keeps them
+sharp) (issue 27)."""
 
 _RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
 _PENDING = ("PENDING", "REQUEUED")
@@ -382,7 +392,8 @@ def _head_rows(rep: JobReport) -> list[str]:
 def render(rep: JobReport) -> str:
     """The page."""
     e = escape
-    out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+    out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>colloc report: job {e(rep.job_id)}</title><style>{_CSS}</style></head><body>",
            f"<h1>colloc job report: job {e(rep.job_id)} {e(rep.name)}</h1><table>"]
     out += [*_head_rows(rep), "</table>", *_story_html(rep), "<h2>Attempts</h2><table><tr>"]
