@@ -84,8 +84,8 @@ def retry(plan: RequeuePlan, adapter: SlurmAdapter, *, cap_s: float,
                                f"for {waited:.0f} s: the job may still be held "
                                f"(scontrol release {plan.job_id})")
             if log is not None and (tries == 1 or tries % 10 == 0):
-                log.warning("requeue of job %s: %s; retrying for up to %.0f s more",
-                            plan.job_id, e, cap_s - waited)
+                log.warning("attempt %s: requeue: %s; retrying for up to %.0f s more",
+                            plan.attempt, e, cap_s - waited)
             sleep(min(pause, max(0.0, cap_s - waited)))
             pause = min(pause * 2, MAX_PAUSE_S)
             continue
@@ -116,11 +116,10 @@ def finish(plan: RequeuePlan, outcome: Outcome, cfg: Any, log: Any,
     """Log the outcome; when the requeue did not land, spool the record saying so.
     Returns the record text spooled (None: none)."""
     if outcome.requeued:
-        log.info("job %s attempt %s: %s%s", plan.job_id, plan.attempt, outcome.why,
+        log.info("attempt %s: %s%s", plan.attempt, outcome.why,
                  f"; {'; '.join(outcome.errors)}" if outcome.errors else "")
         return None
-    log.error("job %s attempt %s: %s; the job stays as Slurm ended it", plan.job_id,
-              plan.attempt, outcome.why)
+    log.error("attempt %s: %s; the job stays as Slurm ended it", plan.attempt, outcome.why)
     text = failed_record(plan.record, plan.attempt, outcome.why,
                          max_bytes=cfg.admin_comment_max_bytes)
     if text is not None:
