@@ -216,7 +216,8 @@ class Column:
 COLUMNS: dict[str, Column] = {
     # --format names (reportseff's where it has one), matched without case
     "JobID": Column("JobID", False, lambda j: j.job_id),
-    "User": Column("User", False, lambda j: j.user),
+    # '?': a job without an association read without --user (its JSON names no user)
+    "User": Column("User", False, lambda j: j.user or "?"),
     "Account": Column("Account", False, lambda j: j.account),
     "Partition": Column("Partition", False, lambda j: j.partition or "-"),
     "JobName": Column("Name", False, lambda j: j.name[:24], wrap=True),
