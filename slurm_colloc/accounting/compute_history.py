@@ -20,8 +20,9 @@ Trust: the fingerprint comes from the job's own ``--colloc`` options, so a key i
 only ever used for the uid Slurm reports the job under: a user can change the figure
 of their own jobs only, never another user's. The SM figure is the root collector's
 measurement. Only complete attempts count (succeeded, not OOM-killed nor requeued,
-sampled); the figure is the largest of the key's newest :data:`RUNS_KEPT` runs, so
-one light run does not undo heavier recent ones. Keyed by model, not batch size
+sampled without a collector gap: :mod:`.history_runs`); the figure is the largest of
+the key's newest :data:`RUNS_KEPT` runs, so one light run does not undo heavier
+recent ones. Keyed by model, not batch size
 (job_submit sees only the fingerprint): the largest over batch sizes is kept, the
 safe side. Without DCGM the collector's figure is NVML utilisation, which is at
 least the SM activity: again the safe side.

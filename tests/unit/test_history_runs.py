@@ -338,3 +338,16 @@ def test_report_says_which_runs_the_next_estimate_comes_from() -> None:
     fake.rows["106"] = [row("106", "COMPLETED", rcomment(Attempt(0, Estimate(1, "x"))),
                             user=ME)]
     assert job_report.build("106", fake, cfg).next_estimate is None
+
+
+def test_compute_table_takes_no_gapped_attempt() -> None:
+    """The SM-activity table (job_submit's compute side) uses the same rule: a mean
+    over part of the attempt is no measurement of the job."""
+    from slurm_colloc.accounting.compute_history import attempt_sm_pct
+
+    whole = dataclasses.replace(_a(5000), metrics=MetricsSummary(
+        peak_mib=5000, samples=50, mean_sm_activity=0.6, span_s=20))
+    gapped = dataclasses.replace(whole, metrics=dataclasses.replace(
+        whole.metrics, gaps=((4, 8, "collector"),)))
+    assert attempt_sm_pct(whole) == pytest.approx(60.0)
+    assert attempt_sm_pct(gapped) is None
