@@ -72,9 +72,15 @@ def _oom(rep: JobReport, a: AttemptView) -> list[str]:
     alloc, used = oom.get("alloc_mib"), oom.get("in_use_mib") or a.peak_mib
     if alloc is None or used is None:
         return []
-    return [f"A {gib(alloc)} allocation failed with {gib(used)} in use: the job needs at "
-            f"least {gib(used + alloc)}. Submit with {_size(used + alloc, rep.shard_mib)}, "
-            "in use + the failed allocation + 10 %, rounded up to whole shards."]
+    need = used + alloc
+    head = (f"A {gib(alloc)} allocation failed with {gib(used)} in use: the job needs at "
+            f"least {gib(need)}")
+    if rep.gpu_memory_mib and need > rep.gpu_memory_mib:
+        return [f"{head}, more than a whole GPU here ({gib(rep.gpu_memory_mib)}): no share "
+                "covers it. Use a smaller batch, mixed precision (--colloc-precision="
+                "amp-bf16) or activation checkpointing, or a GPU with more memory."]
+    return [f"{head}. Submit with {_size(need, rep.shard_mib)}, in use + the failed "
+            "allocation + 10 %, rounded up to whole shards."]
 
 
 def _victim(a: AttemptView) -> list[str]:

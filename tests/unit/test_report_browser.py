@@ -170,3 +170,24 @@ def test_pending_job_is_grey_and_says_it_has_not_started() -> None:
     assert '<td class="pend">PENDING</td>' in page and "so far" not in page
     assert any("has not started" in n for n in rep.notes)
     assert "shard" in page  # the request
+
+
+def test_what_ended_each_attempt_shows_in_the_browser() -> None:
+    """Issue 27: the story of a job colloc killed, in Chromium's own parse of the page."""
+    from slurm_colloc.accounting.record import Enforcement
+
+    from .test_report_build import Fake, comment, row
+
+    browser = _browser()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    killed = replace(COLLOCATED, enforcement=Enforcement("over_limit", "killed", 30720, 6144,
+                                                         outside_mps=True))
+    w = Fake(rows={"70": [row("70", "FAILED", comment(killed), exit_code="0:9")]})
+    page = SHOTS / "job-70-story.html"
+    page.write_text(html.render(job_report.build("70", w, CFG)))
+    dom = _run(browser, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    story = re.findall(r'<p class="story" data-cause="([\w-]+)">([^<]*)</p>', dom.stdout)
+    assert [c for c, _ in story] == ["killed-by-colloc"]
+    assert "collector killed it" in story[0][1] and "killed by signal 9 (SIGKILL)" in story[0][1]
+    assert "Keep CUDA_MPS_PIPE_DIRECTORY" in dom.stdout

@@ -113,6 +113,18 @@ def test_an_oom_at_a_known_allocation_is_sized_to_cover_it() -> None:
     assert everything(rep).count("a 10.0 GiB allocation failed") >= 3
 
 
+def test_an_oom_beyond_a_whole_gpu_is_told_no_share_covers_it() -> None:
+    a = Attempt(0, **{**BASE, "shards": 40, "limit_mib": 40960},  # type: ignore[arg-type]
+                metrics=MetricsSummary(peak_mib=4096, samples=10),
+                oom=OomInfo("gpu-oom", "torch-cuda-oom", alloc_mib=47104, in_use_mib=4096,
+                            whole_gpu=True),
+                requeue=Requeue(False, "out of GPU memory on a whole GPU"))
+    rep = report(a, exit_code="1:0")
+    recs = " ".join(rep.recommendations)
+    assert "needs at least 50.0 GiB, more than a whole GPU here (40.0 GiB)" in recs
+    assert "--colloc-mem" not in recs
+
+
 def test_an_old_records_allocation_is_read_from_the_evidence_tail() -> None:
     class WithEvidence(Fake):
         def evidence(self, path: str) -> EvidenceCheck:
