@@ -148,8 +148,10 @@ def _slurm_or_exit(a: AttemptView) -> tuple[str, str]:
                           "job itself, or an admin; colloc did not send it)")
     if state == "COMPLETED":
         return "completed", "it completed"
-    if state in ("RUNNING", "PENDING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING"):
-        return "running" if state != "REQUEUED" else "requeued", f"it is {state}"
+    if state == "REQUEUED":
+        return "requeued", "it was requeued (by Slurm or an admin; colloc found no cause)"
+    if state in ("RUNNING", "PENDING", "SUSPENDED", "CONFIGURING", "COMPLETING"):
+        return "running", f"it is {state}"
     words = exit_words(a.exit_code)
     return "exit", f"it ended with {words}" if words else f"it ended {state or 'unknown'}"
 

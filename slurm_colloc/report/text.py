@@ -225,7 +225,7 @@ def _header(rep: JobReport) -> Table:
     head.add_row("User", safe(rep.user or "?"))
     state = safe(rep.state, style=_outcome_style(rep.state))
     if rep.exit_code and rep.exit_code != "0:0":
-        state.append(clean(f"  (exit {rep.exit_code})"))
+        state.append(clean(f"  (exit {rep.exit_code}: {story.exit_words(rep.exit_code)})"))
     head.add_row("State", state)
     head.add_row("Node", safe(rep.node or "?"))
     head.add_row("Elapsed", hms(rep.elapsed_s))

@@ -58,6 +58,10 @@ def test_a_job_colloc_killed_over_its_limit_outside_mps_is_told_so() -> None:
     assert out.count("killed by signal 9 (SIGKILL)") >= 3
     assert rep.to_json()["attempts"][0]["enforcement"]["action"] == "killed"
     assert "What happened" in render_text(rep) and '<p class="story"' in html.render(rep)
+    assert "(exit 0:9: killed by signal 9 (SIGKILL))" in render_text(rep)  # the header
+    admin = report(Attempt(0, **BASE, metrics=M), state="REQUEUED",  # type: ignore[arg-type]
+                   exit_code="0:0")
+    assert admin.attempts[0].story and admin.attempts[0].story["cause"] == "requeued"
 
 
 def test_outside_mps_kill_gets_the_pipe_directory_and_no_size() -> None:
