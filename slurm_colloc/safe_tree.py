@@ -137,20 +137,39 @@ def quarantine(path: Path, qdir: Path, tag: str) -> str | None:
     return name
 
 
+RECHECKS = 3
+"""Passes one purge makes at most when entries keep arriving after its lock is gone."""
+
+
 def purge(qdir: Path, *, max_entries: int = MAX_ENTRIES,
           max_seconds: float = MAX_SECONDS) -> Purge:
-    """Remove what is in root's quarantine ``qdir``, bounded (see the module doc)."""
+    """Remove what is in root's quarantine ``qdir``, bounded (see the module doc).
+
+    A caller that finds the lock held returns at once (``busy``) and leaves its entry
+    to the holder; so the holder looks again once it has let the lock go, and makes
+    another pass for what arrived after its last look (issue 28: a burst left empty
+    pipe directories in the quarantine). A caller that renames after that look finds
+    the lock free itself.
+    """
     result = Purge()
     if not os.path.lexists(qdir):
         return result
-    with _open_private(qdir) as top:
-        try:
-            fcntl.flock(top, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            result.busy = result.left = True
+    deadline = time.monotonic() + max_seconds
+    for _ in range(RECHECKS):
+        with _open_private(qdir) as top:
+            try:
+                fcntl.flock(top, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another purge has it, and will look again
+                result.busy = result.left = True
+                return result
+            budget = max_entries - result.removed
+            _Walk(top, os.fstat(top).st_dev, result, budget, deadline).run()
+        if result.left or time.monotonic() > deadline or result.removed >= max_entries:
             return result
-        _Walk(top, os.fstat(top).st_dev, result, max_entries,
-              time.monotonic() + max_seconds).run()
+        with _open_private(qdir) as top:
+            if not _names(top, 1):
+                return result
+    result.left = True
     return result
 
 

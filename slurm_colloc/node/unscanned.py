@@ -60,7 +60,7 @@ def named(results: Iterable[ScanResult]) -> list[str]:
         if reason is None:
             continue
         text = "".join(c if c.isprintable() else "?" for c in f"{r.path}: {reason}")
-        if text not in out:
+        if text[:MAX_CHARS] not in out:
             out.append(text[:MAX_CHARS])
         if len(out) >= MAX_LOGS:
             break

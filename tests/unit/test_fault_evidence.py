@@ -429,3 +429,26 @@ def test_a_job_without_marker_still_takes_its_gpus_empty_pipe_dir(tmp_path: Path
     assert not os.path.lexists(pipe), r.errors
     q = t.quarantine_dir
     assert not q.is_dir() or os.listdir(q) == []
+
+
+def test_an_entry_quarantined_during_a_purge_is_not_left_behind(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Another epilog renames its pipe dir in after the purger's last look; its own
+    purge found the lock held and went away. The purger looks again after unlocking."""
+    from slurm_colloc import safe_tree
+
+    q = safe_tree.private_dir(tmp_path / "quarantine")
+    (q / "pipe-gpu0-uid1.1.a").mkdir()
+    run = safe_tree._Walk.run
+    arrived: list[str] = []
+
+    def run_then_arrive(self: Any) -> None:
+        run(self)
+        if not arrived:  # after this pass's last look, before its lock is gone
+            arrived.append("pipe-gpu0-uid2.2.b")
+            (q / arrived[0]).mkdir()
+            assert safe_tree.purge(q).busy  # the latecomer's own purge: lock held
+
+    monkeypatch.setattr(safe_tree._Walk, "run", run_then_arrive)
+    done = safe_tree.purge(q)
+    assert os.listdir(q) == [] and not done.left and done.removed == 2
