@@ -496,7 +496,7 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
     signal.signal(signal.SIGINT, _stop)
     c = Collector(cfg, backend)
     started = time.monotonic()
-    next_prune = 0.0
+    due: dict[str, float] = {}
     interval = cfg.sample_interval_s
     tick = time.monotonic()
     try:
@@ -514,9 +514,7 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
             else:
                 if heartbeat is not None:
                     c._guarded("heartbeat", heartbeat.beat)
-            if time.monotonic() >= next_prune:
-                next_prune = time.monotonic() + PRUNE_EVERY_S
-                c._guarded("pruning old series", lambda: _prune(cfg, c))
+            _chores(cfg, c, due)
             if not stay and _idle(cfg, c):
                 log.info("no GPU jobs for %.0fs, exiting", cfg.collector_idle_exit_s)
                 break
@@ -531,6 +529,23 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
     finally:
         c.close()
     return 0
+
+
+def _chores(cfg: CollocConfig, c: Collector, due: dict[str, float]) -> None:
+    """What the loop does now and then: prune old series (hourly) and, issue 28, start
+    the node's record writer while root's spool holds records accounting has not
+    confirmed (every :data:`slurm_colloc.accounting.spool.REPLAY_EVERY_S`), so a
+    record reaches accounting soon after slurmdbd is back even if no job ends."""
+    from slurm_colloc.accounting import spool
+
+    now = time.monotonic()
+    if now >= due.get("prune", 0.0):
+        due["prune"] = now + PRUNE_EVERY_S
+        c._guarded("pruning old series", lambda: _prune(cfg, c))
+    if now >= due.get("replay", 0.0):
+        due["replay"] = now + spool.REPLAY_EVERY_S
+        c._guarded("record replay",
+                   lambda: spool.kick(spool.spool_dir_of(cfg.evidence_dir), dict(os.environ)))
 
 
 def _prune(cfg: CollocConfig, c: Collector) -> None:

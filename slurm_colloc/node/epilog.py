@@ -211,6 +211,8 @@ def run(
     except Exception as e:  # noqa: BLE001 - the record never cancels a requeue (issue 11, M2)
         result.errors.append(f"accounting record not built: {e}")
         log.error("accounting record not built: %s", e)
+    if result.decision is not None and result.decision.requeue and text is not None:
+        _spool_entry(ctx, cfg, text, result, log, kick=False)  # issue 28: durable first
     if result.decision is not None and result.decision.requeue:
         try:
             # the next attempt finds this one's record in the live job's AdminComment:
@@ -421,28 +423,62 @@ def _record_text(
 
 
 def _spool_record(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogResult) -> None:
-    """Leave the record for the detached writer (the job is still COMPLETING)."""
+    """Leave a finished attempt's record for the node's writer (:func:`_spool_entry`)."""
+    _spool_entry(ctx, cfg, text, result)
+
+
+def _spool_entry(ctx: JobContext, cfg: CollocConfig, text: str, result: EpilogResult,
+                 log: logging.LoggerAdapter[Any] | None = None, *, kick: bool = True) -> None:
+    """Leave this attempt's record in root's durable spool for the node's writer (the
+    job is still COMPLETING), and start one (``kick``).
+
+    Issue 28: per (job, attempt), fsync'd, before Slurm is asked anything (a requeue
+    too: its carry in the live AdminComment may be lost with slurmctld). When the spool
+    cannot take it (a full disk) the record is never dropped: a requeued attempt's
+    travels in the live job's AdminComment; any other goes to a writer that holds it
+    in memory (:func:`slurm_colloc.node.record_writer.write_direct`). Logged loudly."""
     import os
 
+    from slurm_colloc.accounting import spool as spoolmod
     from slurm_colloc.mps.tenancy import ensure_root_dir
     from slurm_colloc.node import record_writer
     from slurm_colloc.node.prolog import main_env
 
+    path = None
     try:
-        spool = ensure_root_dir(Path(cfg.evidence_dir).parent / "spool", 0o700)
-        path = record_writer.spool_path(str(spool), ctx.job_id)
-        # whole or not at all: the node's writer may be draining the spool right now
-        tmp = spool / f".{path.name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        # after the record is there: a writer that is ending looks at the spool again
-        record_writer.spawn(ctx.job_id, path, main_env(os.environ))
+        spool = ensure_root_dir(spoolmod.spool_dir_of(cfg.evidence_dir), 0o700)
+        path = spoolmod.entry_path(spool, ctx.job_id, ctx.restarts)
+        if result.record_spooled != str(path) or _spooled_text(path) != text:
+            spoolmod.write_entry(spool, ctx.job_id, ctx.restarts, text)
         result.record_spooled = str(path)
-    except Exception as e:  # noqa: BLE001 - the record is for the report; never fatal
-        result.errors.append(f"accounting record not written: {e}")
+    except Exception as e:  # noqa: BLE001 - a full disk: the fallbacks below
+        why = f"RECORD NOT SPOOLED ({e}): "
+        if kick and not result.requeued:
+            why += "written directly by an in-memory writer instead"
+            try:
+                record_writer.spawn_direct(ctx.job_id, text, main_env(os.environ))
+            except Exception as e2:  # noqa: BLE001 - nothing left to try: say so
+                why += f", which could not start: {e2}: RECORD LOST"
+        else:
+            why += "the requeue carries it in the live job's AdminComment"
+        result.errors.append(why)
+        (log or logging.getLogger("colloc.node.epilog")).error("job %s: %s", ctx.job_id, why)
+        return
+    if kick:
+        try:
+            # after the record is there: a writer that is ending looks at the spool again
+            record_writer.spawn(ctx.job_id, path, main_env(os.environ))
+        except Exception as e:  # noqa: BLE001 - spooled: the next prolog or collector replays it
+            result.errors.append(f"record spooled, writer not started: {e}")
+
+
+def _spooled_text(path: Path) -> str | None:
+    from slurm_colloc.accounting import spool as spoolmod
+
+    try:
+        return spoolmod.read_text(path)
+    except OSError:
+        return None
 
 
 def _hand_off_requeue(

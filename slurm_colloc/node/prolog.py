@@ -144,6 +144,7 @@ def run(
         return PrologDecision("none", detail="no GPU bound to the job")
     tenancy.write_job_context(ctx.job_id, context_to_json(ctx))
     start_metrics(ctx, cfg)
+    replay_records(cfg)
     try:
         if not ctx.is_shared:
             return _exclusive(ctx, cfg, tenancy, jobs, taken)
@@ -380,6 +381,20 @@ def hard_limit(ctx: JobContext, cfg: CollocConfig, gpu: int, limit_mib: int) -> 
             backend.close()
     except Exception as e:  # noqa: BLE001 - the hard limit is an extra layer, never fatal
         return f"error ({type(e).__name__}: {e})"
+
+
+def replay_records(cfg: CollocConfig) -> None:
+    """Issue 28: start the node's record writer (detached, under its lock, never
+    waiting) when root's spool holds records accounting has not confirmed, so records
+    kept while slurmdbd was away reach it with the next job here."""
+    try:
+        import os
+
+        from slurm_colloc.accounting import spool
+
+        spool.kick(spool.spool_dir_of(cfg.evidence_dir), main_env(os.environ))
+    except Exception as e:  # noqa: BLE001 - never in the job's way
+        logging.getLogger("colloc.node.prolog").warning("prolog: record replay not started: %s", e)
 
 
 def start_metrics(ctx: JobContext, cfg: CollocConfig) -> None:

@@ -1,4 +1,5 @@
-"""Write finished jobs' accounting records once Slurm lets us: one writer per node.
+"""Write finished jobs' accounting records once Slurm lets us: one writer per node,
+replaying root's durable spool until accounting holds every attempt.
 
 Why a detached helper: from inside the Epilog the job is still COMPLETING, when
 ``scontrol update AdminComment`` is refused ("Job has already finished"), and
@@ -6,17 +7,26 @@ Why a detached helper: from inside the Epilog the job is still COMPLETING, when
 record to slurmdbd (slurm-facts.md). The field is config ``record_field``
 (AdminComment, or SystemComment at jobstats sites); a jobstats ``JS1:`` summary
 found there is never replaced (:func:`write_verified`). So the epilog leaves the
-encoded text in root's spool (``<spool>/<jobid>.adminc``, a 0700 directory) and
-makes sure a writer runs. The writer waits until slurmdbd has each job's end
-(``sacct``: slurmdbd, not slurmctld, so no load on the controller; Slurm advises
-against controller calls from node scripts), writes with sacctmgr (the encoding
-survives its lowercasing), reads it back, and retries a few times. A spool file is
-removed only after a verified write; one given up is renamed
-``<jobid>.adminc.failed`` for an admin to replay.
+encoded text in root's spool (:mod:`slurm_colloc.accounting.spool`: one fsync'd
+``<job>.<attempt>.adminc`` per attempt, requeued ones too, written before Slurm is
+asked anything) and makes sure a writer runs. The writer waits until slurmdbd has
+each job's end (``sacct``: slurmdbd, not slurmctld, so no load on the controller),
+writes with sacctmgr (the encoding survives its lowercasing), reads it back, and
+removes a spool file only once accounting was read back holding its attempts.
 
-**One writer per node** (issue 23). Each finished job used to start its own root
-process polling sacct every second for up to 120 s: a flood of short jobs forked
-hundreds of pollers. Now:
+**Nothing is given up** (issue 28: slurmdbd and MariaDB away for four minutes lost
+4 of 6 records to a writer that gave up after ~36 s). A writer that cannot finish
+leaves the entries, with the reason in ``<name>.err``, and exits; the next prolog,
+epilog or collector round (every :data:`REPLAY_EVERY_S`) starts another
+(:func:`slurm_colloc.accounting.spool.kick`).
+
+**Newest attempt wins** (:mod:`slurm_colloc.accounting.newest`): a record already
+in accounting that holds a spooled record's attempts makes the file redundant
+(removed, nothing written); otherwise what is written is the union of the attempts
+known, based on the latest one, so an older attempt's writer finishing last never
+replaces the final record, and replaying twice writes nothing twice.
+
+**One writer per node** (issue 23):
 
 * the writer holds an exclusive ``flock`` on :data:`LOCK_NAME` (root 0600 in root's
   spool directory, opened ``O_NOFOLLOW``; no user can open it, so no user can hold
@@ -29,18 +39,18 @@ hundreds of pollers. Now:
 * each round asks slurmdbd once for every pending job (at most :data:`BATCH`), and
   the pause between rounds doubles while nothing can be written, from
   :data:`PAUSE_S` to :data:`MAX_PAUSE_S`;
-* bounded: a record is written anyway after :data:`WAIT_S`, given up after
-  :data:`TRIES` failed writes; the writer exits when the spool is empty.
+* bounded: a record is written anyway after :data:`WAIT_S`, and one writer tries it
+  :data:`TRIES` times before leaving it to the next replay.
+
+**A full disk** (:func:`write_direct`): when the epilog cannot spool, it starts a
+writer that holds the record in memory (``--direct``) and logs that loudly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
-import re
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,17 +58,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_colloc.accounting.field import placement
+from slurm_colloc.accounting import spool as spoolmod
+from slurm_colloc.accounting.codec import DEFAULT_MAX_BYTES, try_decode
+from slurm_colloc.accounting.field import placement, read_order
+from slurm_colloc.accounting.newest import best, covers, latest, merged_text
+from slurm_colloc.accounting.record import JobRecord
+from slurm_colloc.accounting.spool import LOCK_NAME, Entry, try_lock
 from slurm_colloc.config import RecordField
 from slurm_colloc.detach import PASSED_FD, spawn_module
 from slurm_colloc.node.logging_setup import node_logger
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmAdapter, SlurmError, by_start
 
-MODULE = "slurm_colloc.node.record_writer"
-LOCK_NAME = "writer.lock"
-"""The writer's lock in the spool directory (root 0600)."""
+__all__ = ["LOCK_NAME", "try_lock"]
+
+MODULE = spoolmod.WRITER_MODULE
 TRIES = 8
-"""Failed writes (or unverified read-backs) before a record is given up."""
+"""Failed writes (or unverified read-backs) of one record per writer run; the entry
+then waits for the next replay (never given up)."""
 WAIT_S = 120.0
 """How long a record waits for slurmdbd to show its job's end before it is written
 anyway."""
@@ -66,58 +82,26 @@ PAUSE_S = 1.0
 """The first pause between rounds, and after any progress."""
 MAX_PAUSE_S = 30.0
 """The longest pause between rounds."""
+REPLAY_EVERY_S = spoolmod.REPLAY_EVERY_S
+DIRECT_WAIT_S = 3600.0
+"""How long an in-memory (``--direct``) record is tried: the node's disk was full."""
+RUN_S = WAIT_S + TRIES * MAX_PAUSE_S
+"""One writer run's bound: what it could not settle by then waits for the next replay."""
 BATCH = 100
 """Pending records looked at per round (the oldest first): one sacct call for them."""
-MAX_SCAN = 10000
-"""Spool entries listed at most per round."""
-MAX_RECORD_BYTES = 65536
-"""What is read of one spool file."""
+MAX_RECORD_BYTES = spoolmod.MAX_RECORD_BYTES
 LOCK_TRIES = 5
 """A starting writer retries the lock this often (0.1 s apart): an epilog's probe
 holds it for an instant."""
-_NAME = re.compile(r"([0-9]{1,19})\.adminc")
+DIRECT_ENV = "COLLOC_RECORD_TEXT"
+"""Where a ``--direct`` writer finds its record (root's environment, never argv)."""
 
 LogFor = Callable[[int], "logging.LoggerAdapter[Any]"]
 
 
-def spool_path(spool_dir: str, job_id: int) -> Path:
-    """Where the epilog leaves the text for job ``job_id``."""
-    return Path(spool_dir) / f"{job_id}.adminc"
-
-
-# ------------------------------------------------------------------ the lock ---
-
-
-def _open_lock(spool_dir: Path) -> int:
-    """Root's lock file in ``spool_dir``, never through a link; OSError otherwise."""
-    fd = os.open(spool_dir / LOCK_NAME,
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(f"{spool_dir / LOCK_NAME}: not root's regular file")
-        if stat.S_IMODE(st.st_mode) != 0o600:
-            os.fchmod(fd, 0o600)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def try_lock(spool_dir: Path) -> int | None:
-    """The writer's lock, held (an fd to close to release it), or None when another
-    process holds it. OSError when the lock file is not root's (a link, another
-    owner): nothing is locked, the caller reports it."""
-    fd = _open_lock(spool_dir)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def spool_path(spool_dir: str, job_id: int, attempt: int | None = None) -> Path:
+    """Where the epilog leaves the text for job ``job_id``'s ``attempt``."""
+    return spoolmod.entry_path(Path(spool_dir), job_id, attempt)
 
 
 def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> bool:
@@ -139,9 +123,16 @@ def spawn(job_id: int, spool_file: Path, env: dict[str, str]) -> bool:
     return True
 
 
+def spawn_direct(job_id: int, text: str, env: dict[str, str]) -> None:
+    """Start a writer for one record held in memory (the spool could not take it)."""
+    spawn_module(MODULE, (str(job_id), "-", "--direct"), {**env, DIRECT_ENV: text})
+
+
 def _adopt_lock(fd: int, spool_dir: Path) -> int | None:
     """The lock the epilog handed over as ``fd``, verified to be this spool's lock
     and held; None (and ``fd`` closed) otherwise."""
+    import fcntl
+
     try:
         st, want = os.fstat(fd), os.stat(spool_dir / LOCK_NAME, follow_symlinks=False)
         if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
@@ -157,40 +148,20 @@ def _adopt_lock(fd: int, spool_dir: Path) -> int | None:
 # --------------------------------------------------------------- the spool ---
 
 
-def pending(spool_dir: Path) -> dict[int, Path]:
-    """Spooled records, the oldest :data:`BATCH` (by mtime), by job id."""
-    found: list[tuple[float, int, Path]] = []
-    with contextlib.suppress(FileNotFoundError), os.scandir(spool_dir) as it:
-        for n, entry in enumerate(it):
-            if n >= MAX_SCAN:
-                break
-            m = _NAME.fullmatch(entry.name)
-            if m is None:
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            found.append((st.st_mtime, int(m.group(1)), Path(entry.path)))
-    found.sort()
-    return {job: path for _, job, path in found[:BATCH]}
+def pending(spool_dir: Path) -> dict[tuple[int, int | None], Path]:
+    """Spooled records, the oldest :data:`BATCH` (by mtime), by (job, attempt)."""
+    return {(e.job_id, e.attempt): e.path for e in spoolmod.entries(spool_dir, BATCH)}
 
 
 def _read_record(path: Path) -> str:
     """A spool file's text: a regular file, never through a link, bounded."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        data = os.read(fd, MAX_RECORD_BYTES)
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", "replace").strip()
+    return spoolmod.read_text(path, MAX_RECORD_BYTES)
 
 
-def _give_up(path: Path) -> None:
+def _set_aside(path: Path) -> None:
+    """An unreadable spool entry (a link, not a file) is renamed out of the way."""
     with contextlib.suppress(OSError):
-        os.rename(path, path.with_name(path.name + ".failed"))
+        os.rename(path, path.with_name(path.name + ".unreadable"))
 
 
 # --------------------------------------------------------------- slurmdbd ---
@@ -250,6 +221,27 @@ def write_verified(adapter: SlurmAdapter, job_id: int, text: str,
     return "read back a different value"
 
 
+def _have(rows: list[Any], field: RecordField) -> tuple[JobRecord | None, str]:
+    """Accounting's best record of a job (latest attempt, most attempts) and its text."""
+    found: list[tuple[JobRecord, str]] = []
+    for r in rows:
+        for name in read_order(field):
+            text = str(r.fields.get(name, "") or "")
+            rec = try_decode(text)
+            if rec is not None:
+                found.append((rec, text))
+    top = best(rec for rec, _ in found)
+    return top, next((t for rec, t in found if rec is top), "")
+
+
+def _moved_on(rows: list[Any], group: list[Entry]) -> bool:
+    """Accounting knows a later attempt than any spooled here (the job was requeued):
+    that attempt's record will carry these, so nothing is written over it before
+    the job ends. Rows are attempts (``sacct --duplicates``), oldest first."""
+    known = [e.attempt for e in group if e.attempt is not None]
+    return bool(known) and len(rows) > max(known) + 1
+
+
 @dataclass
 class _Entry:
     first_seen: float
@@ -257,65 +249,164 @@ class _Entry:
     next_try: float = 0.0
 
 
-def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: float = WAIT_S,
-          pause: float = PAUSE_S, field: RecordField = "admin_comment") -> int:
-    """Write spooled records until the spool is empty; the number written.
+@dataclass
+class _Round:
+    """What one round knows: accounting's rows by job, the finished jobs, and why
+    sacct failed ("" when it answered)."""
 
-    The caller holds the writer's lock. ``field``: config ``record_field``."""
-    state: dict[int, _Entry] = {}
+    rows: dict[str, list[Any]]
+    finished: set[int]
+    error: str = ""
+
+
+def _texts(group: list[Entry], log: logging.LoggerAdapter[Any]) -> dict[Path, str]:
+    out: dict[Path, str] = {}
+    for e in group:
+        try:
+            out[e.path] = _read_record(e.path)
+        except FileNotFoundError:
+            continue  # another replayer confirmed it meanwhile
+        except OSError as err:
+            log.error("spooled record unreadable, set aside: %s", err)
+            _set_aside(e.path)
+    return out
+
+
+def _to_write(group: list[Entry], texts: dict[Path, str], have: JobRecord | None,
+              have_text: str, max_bytes: int) -> tuple[str, list[Entry]]:
+    """The text to write for a job (newest attempt first, every known attempt in it)
+    and the entries it settles."""
+    recs = {e.path: try_decode(texts[e.path]) for e in group}
+    order = sorted(group, key=lambda e: (latest(recs[e.path]),
+                                         -1 if e.attempt is None else e.attempt, e.mtime))
+    base = order[-1]
+    others = [recs[e.path] for e in order[:-1]]
+    if have is not None and latest(have) > latest(recs[base.path]):
+        text = merged_text(have_text, [recs[e.path] for e in order], max_bytes)
+    else:
+        text = merged_text(texts[base.path], [have, *others], max_bytes)
+    done = try_decode(text)
+    settles = [e for e in group if e is base or covers(done, recs[e.path])]
+    return text, settles
+
+
+def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round,
+                state: dict[Path, _Entry], log: logging.LoggerAdapter[Any], *,
+                wait: float, pause: float, field: RecordField, max_bytes: int) -> int:
+    """Settle one job's spooled records as far as accounting allows; the number of
+    entries confirmed (removed)."""
+    texts = _texts(group, log)
+    rows = rnd.rows.get(str(job), [])
+    have, have_text = _have(rows, field)
+    left = []
+    for e in group:
+        if e.path in texts and covers(have, try_decode(texts[e.path])):
+            spoolmod.remove(e)
+            log.info("attempt %s already in accounting: spool entry removed", e.attempt)
+        elif e.path in texts:
+            left.append(e)
+    done = len(group) - len(left) - (len(group) - len(texts))
+    if not left:
+        return done
+    now = time.monotonic()
+    first = min(state[e.path].first_seen for e in left)
+    ready = job in rnd.finished or (now - first >= wait and not _moved_on(rows, left))
+    if not ready or now < max(state[e.path].next_try for e in left):
+        for e in left:
+            spoolmod.note_error(e, rnd.error or "waiting for the job's end in accounting")
+        return done
+    text, settles = _to_write(left, texts, have, have_text, max_bytes)
+    failed = write_verified(adapter, job, text, field, [r.fields for r in rows])
+    if failed is None:
+        for e in settles:
+            spoolmod.remove(e)
+        log.info("written (%d bytes, attempts %s)", len(text),
+                 ",".join(str(e.attempt) for e in settles))
+        return done + len(settles)
+    for e in left:
+        st = state[e.path]
+        st.tries += 1
+        st.next_try = time.monotonic() + pause * st.tries
+        spoolmod.note_error(e, f"try {st.tries}: {failed}")
+        if st.tries == TRIES:
+            log.error("record not written after %d tries, left in %s for the next replay: %s",
+                      TRIES, e.path, failed)
+    return done
+
+
+def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: float = WAIT_S,
+          pause: float = PAUSE_S, field: RecordField = "admin_comment",
+          max_bytes: int = DEFAULT_MAX_BYTES, seen: set[Path] | None = None) -> int:
+    """Replay spooled records until the spool is empty or every entry left has had
+    :data:`TRIES` tries in this run, at most :data:`RUN_S`; the number of entries
+    confirmed.
+
+    The caller holds the writer's lock. ``field``: config ``record_field``;
+    ``seen`` (when given) receives every entry looked at."""
+    state: dict[Path, _Entry] = {}
     written, delay = 0, pause
+    started = time.monotonic()
     while True:
-        jobs = pending(spool_dir)
-        if not jobs:
+        found = [e for e in spoolmod.entries(spool_dir, BATCH)
+                 if e.path not in state or state[e.path].tries < TRIES]
+        if not found or time.monotonic() - started > RUN_S:
             return written
         now = time.monotonic()
-        state = {j: state.get(j) or _Entry(now) for j in jobs}
-        fresh = any(e.first_seen == now for e in state.values())
-        rows: dict[str, list[Any]] = {}
-        finished = _finished(adapter, list(jobs), rows)
-        progressed = False
-        for job, path in jobs.items():
-            e = state[job]
-            now = time.monotonic()
-            if (job not in finished and now - e.first_seen < wait) or now < e.next_try:
-                continue
-            log = log_for(job)
-            try:
-                text = _read_record(path)
-            except OSError as err:
-                log.error("spooled record unreadable, set aside: %s", err)
-                _give_up(path)
-                continue
-            why = write_verified(adapter, job, text, field,
-                                 [r.fields for r in rows.get(str(job), [])])
-            if why is None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                log.info("written (%d bytes, try %d)", len(text), e.tries + 1)
-                written += 1
-                progressed = True
-                continue
-            e.tries += 1
-            e.next_try = time.monotonic() + pause * e.tries
-            if e.tries >= TRIES:
-                _give_up(path)
-                log.error("AdminComment not written after %d tries, left in %s.failed: %s",
-                          TRIES, path, why)
-        if not pending(spool_dir):
+        fresh = any(e.path not in state for e in found)
+        for e in found:
+            state.setdefault(e.path, _Entry(now))
+            if seen is not None:
+                seen.add(e.path)
+        groups: dict[int, list[Entry]] = {}
+        for e in found:
+            groups.setdefault(e.job_id, []).append(e)
+        rnd = _ask_round(adapter, list(groups))
+        before = written
+        for job, group in groups.items():
+            written += _replay_job(adapter, job, group, rnd, state, log_for(job), wait=wait,
+                                   pause=pause, field=field, max_bytes=max_bytes)
+        if not spoolmod.entries(spool_dir, 1):
             return written
-        delay = pause if progressed or fresh else min(MAX_PAUSE_S, delay * 2)
+        delay = pause if written > before or fresh else min(MAX_PAUSE_S, delay * 2)
         time.sleep(delay)
 
 
+def _ask_round(adapter: SlurmAdapter, jobs: list[int]) -> _Round:
+    """One sacct for the round's jobs: their rows, the finished ones, or the error."""
+    rows: dict[str, list[Any]] = {}
+    try:
+        recs = adapter.accounting(jobs)
+    except SlurmError as e:
+        return _Round({}, set(), f"accounting unreachable: {e}")
+    for r in recs:
+        rows.setdefault(r.job_id, []).append(r)
+    return _Round(rows, _finished_in(rows, jobs))
+
+
+def _finished_in(rows: Mapping[str, list[Any]], jobs: Iterable[int]) -> set[int]:
+    done = set()
+    for job in jobs:
+        recs = by_start(rows.get(str(job), []))
+        if not recs:
+            continue
+        state = (recs[-1].state.split() or [""])[0]
+        if state in TERMINAL_STATES and recs[-1].fields.get("End", "Unknown") != "Unknown":
+            done.add(job)
+    return done
+
+
 def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
-               held: int | None = None, field: RecordField = "admin_comment") -> int:
+               held: int | None = None, field: RecordField = "admin_comment",
+               max_bytes: int = DEFAULT_MAX_BYTES) -> int:
     """Be the node's one writer: lock, drain, release, look again; the number written.
 
     ``held``: the lock the epilog took and handed over (the first round uses it).
-    Returns at once (0) when another writer holds the lock."""
+    Returns at once (0) when another writer holds the lock; returns leaving entries
+    it could not write in this run (the next replay tries them again)."""
     written = 0
     fd = held
     tries = LOCK_TRIES
+    seen: set[Path] = set()
     while True:
         for attempt in range(tries):
             if fd is not None:
@@ -327,37 +418,74 @@ def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
             return written  # another writer drains the spool
         tries = 1  # after a round: a lock held now is a newer writer's, which drains
         try:
-            written += drain(adapter, spool_dir, log_for, field=field)
+            written += drain(adapter, spool_dir, log_for, field=field, max_bytes=max_bytes,
+                             seen=seen)
         finally:
             os.close(fd)
             fd = None
-        if not pending(spool_dir):
+        if all(e.path in seen for e in spoolmod.entries(spool_dir, BATCH)):
             return written
+
+
+def write_direct(adapter: SlurmAdapter, job_id: int, text: str, log: logging.LoggerAdapter[Any],
+                 *, field: RecordField = "admin_comment", limit_s: float = DIRECT_WAIT_S,
+                 pause: float = PAUSE_S) -> bool:
+    """Write one record held in memory (the spool was full): wait for the job's end,
+    never over a record that holds its attempts; True once confirmed."""
+    want = try_decode(text)
+    deadline = time.monotonic() + limit_s
+    delay, why = pause, ""
+    while time.monotonic() < deadline:
+        rnd = _ask_round(adapter, [job_id])
+        rows = rnd.rows.get(str(job_id), [])
+        have, _ = _have(rows, field)
+        if want is not None and covers(have, want):
+            log.info("record already in accounting (written directly, no spool)")
+            return True
+        if job_id in rnd.finished:
+            why = write_verified(adapter, job_id, text, field, [r.fields for r in rows]) or ""
+            if not why:
+                log.warning("record written directly (the spool could not take it)")
+                return True
+        else:
+            why = rnd.error or "waiting for the job's end in accounting"
+        time.sleep(delay)
+        delay = min(MAX_PAUSE_S, delay * 2)
+    log.error("RECORD LOST: job %d's record (not spooled: disk full) not written in %.0f s: %s",
+              job_id, limit_s, why)
+    return False
 
 
 def main() -> int:
     """Entry: ``python -m slurm_colloc.node.record_writer JOBID SPOOLFILE [LOCKFD]``
     (root). Drains SPOOLFILE's directory; JOBID is the job whose epilog started it;
-    LOCKFD the writer's lock that epilog took and handed over."""
+    LOCKFD the writer's lock that epilog took and handed over. ``JOBID - --direct``:
+    write the record in ``$COLLOC_RECORD_TEXT`` (the spool could not take it)."""
     from slurm_colloc import config as cfgmod
     from slurm_colloc.node.prolog import main_env
     from slurm_colloc.slurm.adapter import SlurmCli
 
     job_id, spool = int(sys.argv[1]), Path(sys.argv[2])
+    direct = len(sys.argv) > 3 and sys.argv[3] == "--direct"
     handed = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3].isdigit() else None
     log_file = None
     field: RecordField = "admin_comment"
+    max_bytes = DEFAULT_MAX_BYTES
     with contextlib.suppress(cfgmod.ConfigError):
         cfg = cfgmod.load()
-        log_file, field = cfg.log_file, cfg.record_field
+        log_file, field, max_bytes = cfg.log_file, cfg.record_field, cfg.admin_comment_max_bytes
 
     def log_for(job: int) -> logging.LoggerAdapter[Any]:
         return node_logger("record-writer", job, log_file)
 
     try:
+        adapter = SlurmCli(env=main_env(os.environ), timeout=30)
+        if direct:
+            write_direct(adapter, job_id, os.environ.get(DIRECT_ENV, ""), log_for(job_id),
+                         field=field)
+            return 0
         held = _adopt_lock(handed, spool.parent) if handed is not None else None
-        run_writer(spool.parent, SlurmCli(env=main_env(os.environ), timeout=30), log_for, held,
-                   field)
+        run_writer(spool.parent, adapter, log_for, held, field, max_bytes)
     except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
         log_for(job_id).error("records not written, left in %s: %s", spool.parent, e)
     return 0

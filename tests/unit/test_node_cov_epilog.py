@@ -642,14 +642,20 @@ def test_spool_record_writes_root_only_and_spawns(tmp_path, monkeypatch) -> None
     epilog._spool_record(ctx_of(), cfg, "cl1:rec", r)
     spool = Path(cfg.evidence_dir).parent / "spool"
     assert stat.S_IMODE(spool.stat().st_mode) == 0o700
-    assert r.record_spooled == str(spool / "77.adminc")
-    assert (spool / "77.adminc").read_text() == "cl1:rec"
+    # issue 28: one entry per (job, attempt)
+    assert r.record_spooled == str(spool / "77.0.adminc")
+    assert (spool / "77.0.adminc").read_text() == "cl1:rec"
     (job, path, env), = spawned
-    assert job == 77 and path == spool / "77.adminc"
+    assert job == 77 and path == spool / "77.0.adminc"
     assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and "PYTHONPATH" not in env
 
 
 def test_spool_record_failure_is_an_error_line(tmp_path, monkeypatch) -> None:
+    """Issue 28: a record the spool cannot take goes to an in-memory writer, loudly."""
+    from slurm_colloc.node import record_writer
+
+    direct: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(record_writer, "spawn_direct", lambda *a: direct.append(a))
     cfg = cfg_of(tmp_path)
     parent = Path(cfg.evidence_dir).parent
     parent.mkdir(parents=True)
@@ -657,5 +663,7 @@ def test_spool_record_failure_is_an_error_line(tmp_path, monkeypatch) -> None:
     r = epilog.EpilogResult(77)
     epilog._spool_record(ctx_of(), cfg, "cl1:rec", r)
     assert r.record_spooled is None
-    assert r.errors and r.errors[0].startswith("accounting record not written: ")
-    assert not (tmp_path / "77.adminc").exists()
+    assert r.errors and r.errors[0].startswith("RECORD NOT SPOOLED (")
+    assert "in-memory writer" in r.errors[0]
+    assert not list(tmp_path.glob("77*.adminc"))
+    assert [(a[0], a[1]) for a in direct] == [(77, "cl1:rec")]

@@ -225,7 +225,7 @@ def test_main_drains_the_spool_directory(main_env, monkeypatch: pytest.MonkeyPat
     got: list[tuple[Any, ...]] = []
 
     def fake_run(spool_dir: Path, adapter: Any, log_for: Any, held: Any,
-                 field: str = "") -> int:
+                 field: str = "", max_bytes: int = 0) -> int:
         got.append((spool_dir, type(adapter).__name__, held, field))
         log_for(JOB + 1).info("written")
         return 1
@@ -260,7 +260,7 @@ def test_main_survives_broken_config(main_env, monkeypatch, tmp_path, caplog) ->
     with pytest.raises(cfgmod.ConfigError):
         cfgmod.load()
     monkeypatch.setattr(record_writer, "run_writer",
-                        lambda d, a, log_for, held, field: log_for(JOB).info("written") or 1)
+                        lambda d, a, log_for, held, field, *_: log_for(JOB).info("written") or 1)
     assert record_writer.main() == 0
     assert not log_file.exists()
     assert [r.getMessage() for r in caplog.records] == [f"record-writer: job {JOB}: written"]
@@ -275,7 +275,7 @@ def test_main_adopts_the_lock_it_was_handed(main_env, monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", ["record_writer", str(JOB), str(spool), str(fd)])
     got: list[Any] = []
     monkeypatch.setattr(record_writer, "run_writer",
-                        lambda d, a, log_for, held, field: got.append(held) or 0)
+                        lambda d, a, log_for, held, field, *_: got.append(held) or 0)
     try:
         assert record_writer.main() == 0
     finally:

@@ -224,21 +224,25 @@ def test_waits_for_the_end_with_backoff_then_writes_anyway(spool: Path,
     assert len(dbd.sacct_calls) < 20  # not 120 polls
 
 
-def test_a_refused_record_is_given_up_and_the_writer_ends(spool: Path, clock: FakeClock) -> None:
+def test_a_refused_record_is_kept_for_the_next_replay_and_the_writer_ends(
+        spool: Path, clock: FakeClock) -> None:
+    """Issue 28: nothing is given up; the entry stays with the reason beside it."""
     _put(spool, 31)
     _put(spool, 32)
     dbd = Dbd({31, 32}, refuse={31})
     assert record_writer.run_writer(spool, dbd, _log()) == 1
     assert dbd.writes.count(31) == record_writer.TRIES
-    assert (spool / "31.adminc.failed").read_text() == "cl1:rec"  # left for an admin
-    assert not (spool / "31.adminc").exists() and not (spool / "32.adminc").exists()
+    assert (spool / "31.adminc").read_text() == "cl1:rec"  # left for the next replay
+    assert "job not found" in (spool / "31.adminc.err").read_text()
+    assert not (spool / "32.adminc").exists()
 
 
 def test_slurmdbd_down_is_bounded(spool: Path, clock: FakeClock) -> None:
     _put(spool, 41)
     dbd = Dbd({41}, down=True)
     record_writer.run_writer(spool, dbd, _log())
-    assert (spool / "41.adminc.failed").exists()
+    assert (spool / "41.adminc").exists()
+    assert "slurmdbd not responding" in (spool / "41.adminc.err").read_text()
     assert clock.t - 1000.0 < record_writer.WAIT_S + record_writer.TRIES * (
         record_writer.MAX_PAUSE_S + 1) * 2
 

@@ -1,0 +1,231 @@
+"""Root's record spool: one durable file per (job, attempt) until accounting has it.
+
+Why (issue 28): with slurmdbd and MariaDB away for four minutes, 4 of 6 records were
+lost. The writer gave up after ~36 s and left a file nothing replayed; files were
+named per job, so an older attempt's writer finishing last overwrote the final
+record. Now:
+
+* the epilog writes ``<spool>/<job>.<attempt>.adminc`` **before** anything is asked
+  of Slurm, whole or not at all (temporary file, ``fsync``, rename, ``fsync`` of the
+  directory), in root's state directory (next to the evidence, never ``/run``), so
+  it survives a crash or a reboot;
+* a file is removed only once accounting is read back holding its attempts
+  (:mod:`slurm_colloc.node.record_writer`); nothing is ever given up;
+* whatever runs next on the node replays it: the prolog, the epilog and the
+  collector's loop call :func:`kick`, which starts the node's one writer (under its
+  lock, non-blocking) when the spool holds anything;
+* the replayer notes why an entry is still here in ``<name>.err`` (what
+  ``colloc admin records`` shows).
+
+The layer sits below ``node`` and ``metrics`` so that both can kick a replay; the
+writer itself is started by module name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_colloc.detach import PASSED_FD, spawn_module
+
+WRITER_MODULE = "slurm_colloc.node.record_writer"
+LOCK_NAME = "writer.lock"
+"""The writer's lock in the spool directory (root 0600)."""
+SUFFIX = ".adminc"
+ERR_SUFFIX = ".err"
+MAX_SCAN = 10000
+"""Spool entries listed at most per look."""
+MAX_RECORD_BYTES = 65536
+"""What is read of one spool file."""
+MAX_ERR_BYTES = 512
+REPLAY_EVERY_S = 60.0
+"""How often the collector's loop kicks a replay while the spool holds records."""
+_NAME = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,6}))?\.adminc(\.failed)?")
+"""``<job>.<attempt>.adminc``; ``<job>.adminc`` and ``.failed`` are left by writers
+before issue 28 and replayed too (attempt unknown)."""
+
+
+def spool_dir_of(evidence_dir: str) -> Path:
+    """Root's spool: beside the evidence directory (``/var/lib/colloc/spool`` by
+    default), on persistent storage."""
+    return Path(evidence_dir).parent / "spool"
+
+
+def entry_path(spool_dir: Path, job_id: int, attempt: int | None) -> Path:
+    """Where the record of ``job_id``'s ``attempt`` waits (None: the legacy per-job name)."""
+    name = f"{job_id}{SUFFIX}" if attempt is None else f"{job_id}.{attempt}{SUFFIX}"
+    return spool_dir / name
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One pending record."""
+
+    job_id: int
+    attempt: int | None
+    """None for a spool file from before issue 28 (named per job)."""
+    path: Path
+    mtime: float
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since it was spooled."""
+        return max(0.0, (time.time() if now is None else now) - self.mtime)
+
+    @property
+    def err_path(self) -> Path:
+        return self.path.with_name(self.path.name + ERR_SUFFIX)
+
+    def last_error(self) -> str:
+        """Why the replayer has not removed it yet ("" when it has not tried)."""
+        try:
+            return read_text(self.err_path, MAX_ERR_BYTES)
+        except OSError:
+            return ""
+
+
+def write_entry(spool_dir: Path, job_id: int, attempt: int, text: str) -> Path:
+    """Spool ``text`` durably (fsync'd file and directory, atomic rename); OSError
+    (ENOSPC...) when it could not be: then nothing half-written is left behind."""
+    path = entry_path(spool_dir, job_id, attempt)
+    _write_atomic(path, text.encode("utf-8", "replace"), durable=True)
+    return path
+
+
+def _write_atomic(path: Path, data: bytes, *, durable: bool) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def note_error(entry: Entry, why: str) -> None:
+    """Remember why ``entry`` is still pending (best effort: a full disk says nothing)."""
+    with contextlib.suppress(OSError):
+        _write_atomic(entry.err_path, why[:MAX_ERR_BYTES].encode("utf-8", "replace"),
+                      durable=False)
+
+
+def remove(entry: Entry) -> None:
+    """Forget ``entry`` (after accounting was read back holding it)."""
+    for p in (entry.path, entry.err_path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
+def read_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
+    """A spool file's text: a regular file, never through a link, bounded."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        data = os.read(fd, limit)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip()
+
+
+def entries(spool_dir: Path, limit: int | None = None) -> list[Entry]:
+    """Pending records, the oldest first (at most ``limit``)."""
+    found: list[Entry] = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(spool_dir) as it:
+        for n, item in enumerate(it):
+            if n >= MAX_SCAN:
+                break
+            m = _NAME.fullmatch(item.name)
+            if m is None:
+                continue
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            attempt = int(m.group(2)) if m.group(2) is not None else None
+            found.append(Entry(int(m.group(1)), attempt, Path(item.path), st.st_mtime))
+    found.sort(key=lambda e: (e.mtime, e.job_id, -1 if e.attempt is None else e.attempt))
+    return found if limit is None else found[:limit]
+
+
+# ------------------------------------------------------------------ the lock ---
+
+
+def _open_lock(spool_dir: Path) -> int:
+    """Root's lock file in ``spool_dir``, never through a link; OSError otherwise."""
+    fd = os.open(spool_dir / LOCK_NAME,
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(f"{spool_dir / LOCK_NAME}: not root's regular file")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def try_lock(spool_dir: Path) -> int | None:
+    """The writer's lock, held (an fd to close to release it), or None when another
+    process holds it. OSError when the lock file is not root's (a link, another
+    owner): nothing is locked, the caller reports it."""
+    fd = _open_lock(spool_dir)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+Spawner = Callable[..., None]
+
+
+def kick(spool_dir: Path, env: Mapping[str, str], *, job_id: int = 0,
+         spawner: Spawner = spawn_module, extra: Sequence[str] = ()) -> bool:
+    """Start the node's writer detached when the spool holds records and none runs;
+    True when one was started. Never blocks: a held lock means a writer is at work.
+
+    The lock is taken here and handed to the writer (an inherited descriptor), so no
+    second one starts while the first starts up. OSError when the lock is not root's.
+    """
+    pending = entries(spool_dir, limit=1)
+    if not pending:
+        return False
+    fd = try_lock(spool_dir)
+    if fd is None:
+        return False
+    try:
+        first = pending[0].path
+        spawner(WRITER_MODULE, (str(job_id), str(first), str(PASSED_FD), *extra), env,
+                pass_fd=fd)
+    finally:
+        os.close(fd)  # the writer's copy keeps the lock
+    return True
