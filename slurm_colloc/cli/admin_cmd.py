@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from slurm_colloc import config as config_mod
+from slurm_colloc.cli import records_cmd
 from slurm_colloc.gpu.backend import GpuBackendError
 from slurm_colloc.site import doctor as doctor_mod
 from slurm_colloc.site import install as site
@@ -343,3 +344,6 @@ def gpu_shares(since: str, until: str | None, fmt: str) -> None:
     except SlurmError as e:
         raise click.ClickException(f"cannot read Slurm's accounting: {_one_line(e)}") from e
     click.echo(gs.render(gs.shares(rows, cfg), fmt), nl=False)
+
+
+admin.add_command(records_cmd.records)  # issue 28: the node's pending accounting records

@@ -336,16 +336,19 @@ def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round
 
 def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: float = WAIT_S,
           pause: float = PAUSE_S, field: RecordField = "admin_comment",
-          max_bytes: int = DEFAULT_MAX_BYTES, seen: set[Path] | None = None) -> int:
+          max_bytes: int = DEFAULT_MAX_BYTES, seen: set[Path] | None = None,
+          max_rounds: int | None = None) -> int:
     """Replay spooled records until the spool is empty or every entry left has had
     :data:`TRIES` tries in this run, at most :data:`RUN_S`; the number of entries
     confirmed.
 
     The caller holds the writer's lock. ``field``: config ``record_field``;
-    ``seen`` (when given) receives every entry looked at."""
+    ``seen`` (when given) receives every entry looked at; ``max_rounds``: stop after
+    that many (``colloc admin records --replay`` makes one). An entry's wait for its
+    job's end counts from when it was spooled, not from when this writer started."""
     state: dict[Path, _Entry] = {}
     written, delay = 0, pause
-    started = time.monotonic()
+    started, rounds = time.monotonic(), 0
     while True:
         found = [e for e in spoolmod.entries(spool_dir, BATCH)
                  if e.path not in state or state[e.path].tries < TRIES]
@@ -353,8 +356,9 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
             return written
         now = time.monotonic()
         fresh = any(e.path not in state for e in found)
+        rounds += 1
         for e in found:
-            state.setdefault(e.path, _Entry(now))
+            state.setdefault(e.path, _Entry(now - e.age()))
             if seen is not None:
                 seen.add(e.path)
         groups: dict[int, list[Entry]] = {}
@@ -365,7 +369,7 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
         for job, group in groups.items():
             written += _replay_job(adapter, job, group, rnd, state, log_for(job), wait=wait,
                                    pause=pause, field=field, max_bytes=max_bytes)
-        if not spoolmod.entries(spool_dir, 1):
+        if not spoolmod.entries(spool_dir, 1) or rounds == max_rounds:
             return written
         delay = pause if written > before or fresh else min(MAX_PAUSE_S, delay * 2)
         time.sleep(delay)
