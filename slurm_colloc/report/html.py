@@ -415,6 +415,7 @@ def render(rep: JobReport) -> str:
             f'<td class="wrap">{e(v)}</td>' if i in (9, 11) else f"<td>{e(v)}</td>"
             for i, v in enumerate(vals)) + "</tr>")
     out.append("</table>")
+    out += [f'<p class="warn"><b>{e(rep.accounting)}</b></p>'] if rep.accounting else []
     for a in rep.attempts:
         s = rep.series.get(a.attempt)
         out.append(f"<h2>Attempt {a.attempt} over time</h2>" + lost_work_html(a))

@@ -207,6 +207,13 @@ class JobQuery:
         return last.state.split(" ")[0] in self.states
 
 
+def unreachable_reason(e: SlurmError) -> str:
+    """sacct's failure in a few words: its last ``error:`` line, shortened."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errs = [ln for ln in lines if "error" in ln.lower()] or lines or ["no answer"]
+    return " ".join(errs[-1].split())[:200]
+
+
 class Inquirer(abc.ABC):
     """The report's questions; one implementation per source of facts."""
 
@@ -262,6 +269,11 @@ class Inquirer(abc.ABC):
         """Accounting entries skipped so far (one line each, naming the job)."""
         return []
 
+    def accounting_away(self) -> str | None:
+        """Why accounting (slurmdbd) could not be asked, as one line starting
+        "accounting unreachable:"; None while it answers (issue 28)."""
+        return None
+
     def evidence(self, path: str) -> EvidenceCheck:
         """Whether an attempt's evidence file is readable from this host."""
         return check_evidence(path)
@@ -286,13 +298,24 @@ class SlurmInquirer(Inquirer):
         self.metrics_dir = metrics_dir
         self._warnings: list[str] = []
         self._acct: dict[str, list[AccountingRecord]] = {}
+        self._away: str | None = None
 
     def warnings(self) -> list[str]:
         return list(self._warnings)
 
+    def accounting_away(self) -> str | None:
+        return self._away
+
     def _accounting(self, job_id: str) -> list[AccountingRecord]:
+        """The job's accounting lines; none while slurmdbd (or its database) is away:
+        the report then goes on from the controller and this node's store, and says
+        so (issue 28: it used to stop with sacct's raw error)."""
         if job_id not in self._acct:
-            self._acct[job_id] = self.slurm.accounting([job_id])
+            try:
+                self._acct[job_id] = self.slurm.accounting([job_id])
+            except SlurmError as e:
+                self._away = f"accounting unreachable: {unreachable_reason(e)}"
+                self._acct[job_id] = []
         return self._acct[job_id]
 
     def job_rows(self, job_id: str) -> list[JobRow]:

@@ -147,6 +147,9 @@ class JobReport:
     """What Slurm was asked for (sacct's ReqTRES, or the controller's TRES while running)."""
     pending: dict[str, Any] | None = None
     """For a job the controller still has pending: its ``reason`` and signed ``nice``."""
+    accounting: str | None = None
+    """None when accounting answered; else "accounting unreachable: ..." and what the
+    report was built from instead (the controller, this node's store): issue 28."""
     next_estimate: dict[str, Any] | None = None
     """What the next ``--colloc`` run of this model will be sized from: the owner's
     runs used and those set aside and why (:mod:`slurm_colloc.report.next_estimate`,
@@ -389,8 +392,11 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     unknown job."""
     rows = inquirer.job_rows(job_id)
     live = inquirer.live(job_id) if not rows or rows[-1].state in RUNNING else None
+    away = inquirer.accounting_away()
     if not rows and live is None:
-        raise UnknownJobError(f"job {job_id}: not known to Slurm (controller or accounting)")
+        raise UnknownJobError(f"job {job_id}: {away}; the controller no longer has the job"
+                              if away else
+                              f"job {job_id}: not known to Slurm (controller or accounting)")
     last = rows[-1] if rows else None
     state = str(live.get("JobState", "")) if live else (last.state if last else "UNKNOWN")
     record, sub = _records(rows, live, cfg.record_field)
@@ -431,7 +437,18 @@ def assemble(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
         series=series, truncated=bool(record and record.truncated),
         request=(last.req_tres if last else "") or str((live or {}).get("TresPerNode", "") or ""),
         pending=_pending(live, state),
+        accounting=_degraded(away, live is not None, bool(metas)),
     )
+
+
+def _degraded(away: str | None, live: bool, local: bool) -> str | None:
+    """The report's one line about its sources while accounting is away."""
+    if away is None:
+        return None
+    used = [w for w, ok in (("the controller's view of the job", live),
+                            ("this node's metrics store", local)) if ok]
+    return (f"{away}; shown from {' and '.join(used) or 'what could be reached'}: "
+            "attempts not yet written to accounting may be missing")
 
 
 def _pending(live: dict[str, Any] | None, state: str) -> dict[str, Any] | None:

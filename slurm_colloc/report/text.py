@@ -185,6 +185,7 @@ def render(rep: JobReport) -> RenderableType:
     title = safe(f"colloc job report: job {rep.job_id}", style="bold")
     title.justify = "center"
     parts: list[RenderableType] = [rule, title, rule, _header(rep)]
+    parts += [safe(f"  {rep.accounting}", style="bold yellow")] if rep.accounting else []
     if not rep.colloc:
         parts += [Text(""), *[safe(f"  * {n}") for n in rep.notes]]
         return Group(*parts)
