@@ -20,7 +20,8 @@ IN_ROOT = $(BIN)/colloc devcluster rootfs --release
 INNER = make --no-print-directory PY=/usr/bin/python3 VENV=$(CURDIR)/.venv-slurm-
 E2E_CORE = tests/e2e/test_submit_path.py tests/e2e/test_node_path.py \
 	tests/e2e/test_adversarial.py tests/e2e/test_attack_*.py tests/e2e/test_multinode.py \
-	tests/e2e/test_site_hooks.py tests/e2e/test_jobstats_coexist.py
+	tests/e2e/test_site_hooks.py tests/e2e/test_jobstats_coexist.py \
+	tests/e2e/test_checkpoint_resume.py
 
 .PHONY: all venv demo demo-here test test-here e2e-core unit e2e lint devcluster-up \
 	devcluster-down clean
