@@ -8,6 +8,10 @@ job: make sure no idle or stale MPS daemon of ours is left on its GPUs.
 Failure policy: any error is logged with the job id and the job runs without MPS
 (its Slurm shards still bound its share); the prolog never makes slurmd drain the
 node. The caller (prolog/colloc_prolog.py) always exits 0.
+
+Promises checked (issue 28): a shard job whose shards and the GPU's registered jobs'
+exceed the GPU is not co-located but requeued (:mod:`slurm_colloc.node.promise`:
+logged, bounded, never held; the node is never drained for it).
 """
 
 from __future__ import annotations
