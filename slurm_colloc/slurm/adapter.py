@@ -347,8 +347,10 @@ class SlurmCli(SlurmAdapter):
         # and a record naming another user is dropped here. A job without an
         # association names no user in the JSON (issue 27): sacct chose it by the
         # uid asked for, so it is that user's.
-        args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}"]
-        args += [f"--endtime={until}"] if until else []
+        # an explicit end: with --state and no --endtime, sacct looks at one second
+        # after the start ("Jobs FAILED in the time window from 06:21:40 to 06:21:41")
+        args = [*sacct_json.SACCT_JSON_ARGS, f"--starttime={since}",
+                f"--endtime={until or 'now'}"]
         args += [f"--user={user}"] if user else ["--allusers"]
         args += [f"--state={','.join(states)}"] if states else []
         args += [f"--partition={','.join(partitions)}"] if partitions else []

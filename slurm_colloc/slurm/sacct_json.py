@@ -14,10 +14,10 @@ only place that knows its layout.
   attempt ended by a requeue of a running job; it reads ``REQUEUED`` here, as in
   sacct's text); ``exit_code`` an object whose signal is kept (``0:9``).
 * ``--user`` is honoured (22.05 ignored it; sacct matches the uid); ``user`` is null
-  for a job without an association (the uid is not in the JSON: data_parser skips
-  it), so :func:`user_of` falls back to ``association.user`` and the adapter to the
-  user it asked sacct for (issue 27: ``colloc report -u`` found none of such a
-  user's jobs).
+  when Slurm could not name the job's uid (issue 27: jobs without an association;
+  the uid is not in the JSON: data_parser skips it), so :func:`user_of` falls back
+  to ``association.user`` and the adapter to the user it asked sacct for
+  (``colloc report -u`` found none of such a user's jobs).
 * Numbers are bare ints or ``{"set", "infinite", "number"}``; times epoch seconds with
   0 for "never" (sacct's text prints ``Unknown``); TRES counts without units (``mem``
   in MiB) and -2 for a count not gathered (energy).

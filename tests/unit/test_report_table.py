@@ -64,6 +64,7 @@ def test_a_job_without_association_names_its_user_from_the_query(
     argv = calls[0]
     assert "--user=u1" in argv and "--state=COMPLETED,FAILED" in argv
     assert "--partition=gpu" in argv and "--allusers" not in argv
+    assert "--endtime=now" in argv  # with --state and no end, sacct looks at 1 s
     assert recs[0].fields["Partition"] == "gpu"
     everyone = cli.accounting_period("now-1day")
     assert {r.fields["User"] for r in everyone} == {"", "u1", "mallory"}
