@@ -35,9 +35,10 @@ AWAY_MARKERS = (
     "connection reset by peer",
 )
 """Lower-case pieces of the messages Slurm's clients (and :class:`SlurmCli`'s own
-timeout) give when slurmctld did not answer: seen on 24.11 and 26.05 with the
-controller stopped (``Unable to contact slurm controller (connect failure)``,
-``Communication connection failure``) and in the adapter's ``timed out after``."""
+timeout) give when slurmctld did not answer: 26.05's squeue with slurmctld stopped
+exits 1 after 20 s with ``slurm_load_jobs error: Unable to contact slurm controller
+(connect failure)`` (tests/e2e/test_fault_controller.py); a JSON ``errors`` entry
+names ``Communication connection failure``; the adapter's own ``timed out after``."""
 
 MIN_TRY_S = 2.0
 """No try gets less than this: a Slurm client needs a moment even when all is well."""

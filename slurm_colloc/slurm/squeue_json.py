@@ -340,7 +340,7 @@ def _document(text: str, limit: int, what: str) -> list[Any]:
     errors = doc.get("errors", [])
     if not isinstance(errors, list):
         raise SqueueJsonError(f"{what}: 'errors' is not a list")
-    if errors:  # slurmctld away: exit 0, no jobs and this list (24.11, 26.05)
+    if errors:  # slurmctld away: exit 0, no jobs and this list (seen in issue 28)
         raise SqueueJsonError(f"{what}: the controller reported: {_error_text(errors[0])}")
     jobs: list[Any] = doc["jobs"]
     return jobs

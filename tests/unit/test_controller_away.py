@@ -1,7 +1,10 @@
 """Issue 28 item 3: a controller that does not answer is never "no jobs".
 
-squeue/scontrol ``--json`` exit 0 with an ``errors`` list and no jobs when slurmctld
-is away (fixtures ``*-unreachable.json`` of 24.11 and 26.05); those raise. The
+squeue/scontrol ``--json`` may exit 0 with an ``errors`` list and no jobs when
+slurmctld is away (issue 28's fault runs): ``*-unreachable.json`` are each release's
+captured document (meta, release) with that list and no jobs; those raise. (With
+slurmctld stopped, 26.05's squeue exited 1 after 20 s instead, on stderr: the e2e
+test checks that real answer.) The
 prolog's wait for the controller is one budget (an injected clock) and its fallback
 one log line; no other job's MPS registration is touched meanwhile.
 """
