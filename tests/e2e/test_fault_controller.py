@@ -28,7 +28,7 @@ from slurm_colloc.devcluster import daemons
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.node.controller_wait import controller_away
 from slurm_colloc.slurm.adapter import SlurmCli, SlurmError, by_start, wait_for_jobs
-from tests.e2e.conftest import sbatch
+from tests.e2e.conftest import node_state, sbatch
 
 pytestmark = pytest.mark.devcluster
 
@@ -86,6 +86,12 @@ def gate(cluster: Cluster) -> Iterator[Path]:
         _ctld_up(cluster)
         conf.write_text(text)
         _scontrol(cluster, "reconfigure")
+        # reconfigure re-executes slurmd: let it settle before later modules (or the
+        # session's ``down``, which stops it by its pid file) come
+        _wait(lambda: str(script) not in _scontrol(cluster, "show", "config"),
+              "slurmctld kept the gate Epilog")
+        _wait(lambda: cluster.is_up() and node_state(cluster) in ("idle", "mix"),
+              "the node did not come back after reconfigure")
 
 
 def _stop_ctld(cluster: Cluster) -> None:
