@@ -33,12 +33,15 @@ AWAY_MARKERS = (
     "slurmctld not responding",
     "transport endpoint is not connected",
     "connection reset by peer",
+    "unexpected message received",
 )
 """Lower-case pieces of the messages Slurm's clients (and :class:`SlurmCli`'s own
 timeout) give when slurmctld did not answer: 26.05's squeue with slurmctld stopped
 exits 1 after 20 s with ``slurm_load_jobs error: Unable to contact slurm controller
 (connect failure)`` (tests/e2e/test_fault_controller.py); a JSON ``errors`` entry
-names ``Communication connection failure``; the adapter's own ``timed out after``."""
+names ``Communication connection failure``; 24.11's ``scontrol requeuehold`` with
+slurmctld stopped exits 1 with ``Unexpected message received for job N`` (no
+working controller sends that); the adapter's own ``timed out after``."""
 
 MIN_TRY_S = 2.0
 """No try gets less than this: a Slurm client needs a moment even when all is well."""

@@ -116,6 +116,8 @@ def test_an_error_entry_without_description_still_names_the_error() -> None:
     ("scontrol: exit 1: slurm_load_jobs error: Unable to contact slurm controller "
      "(connect failure)", True),
     ("scontrol requeuehold 5: exit 1: Socket timed out on send/recv operation", True),
+    # 24.11's scontrol requeuehold with slurmctld stopped (the e2e test, 24.11)
+    ("/usr/bin/scontrol requeuehold 1: exit 1: Unexpected message received for job 1", True),
     ("scontrol requeuehold 5: exit 1: Invalid job id specified", False),
     ("squeue --json: job 12: job_id/user_id out of range", False),
 ])
