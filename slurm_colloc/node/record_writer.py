@@ -321,7 +321,7 @@ def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round
         for e in settles:
             spoolmod.remove(e)
         log.info("written (%d bytes, attempts %s)", len(text),
-                 ",".join(str(e.attempt) for e in settles))
+                 ",".join("?" if e.attempt is None else str(e.attempt) for e in settles))
         return done + len(settles)
     for e in left:
         st = state[e.path]
