@@ -183,15 +183,7 @@ def _finished(adapter: SlurmAdapter, jobs: list[int],
     by_job: dict[str, list[Any]] = {} if rows_out is None else rows_out
     for r in rows:
         by_job.setdefault(r.job_id, []).append(r)
-    done = set()
-    for job in jobs:
-        recs = by_start(by_job.get(str(job), []))
-        if not recs:
-            continue
-        state = (recs[-1].state.split() or [""])[0]
-        if state in TERMINAL_STATES and recs[-1].fields.get("End", "Unknown") != "Unknown":
-            done.add(job)
-    return done
+    return _finished_in(by_job, jobs)
 
 
 def write_verified(adapter: SlurmAdapter, job_id: int, text: str,
