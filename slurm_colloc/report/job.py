@@ -16,6 +16,7 @@ def build(job_id: str, inquirer: Inquirer, cfg: CollocConfig) -> JobReport:
     rep = assemble(job_id, inquirer, cfg)
     for a in rep.attempts:
         a.story = story.of(a)
+    story.across(rep.attempts)
     rep.notes, rep.recommendations = notes_and_advice(rep)
     rep.next_estimate = next_estimate.of(job_id, rep.user, inquirer, cfg)
     return rep

@@ -15,6 +15,7 @@ preemption, node failure, cgroup OOM), a signal, an exit status.
 
 from __future__ import annotations
 
+import itertools
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +188,27 @@ def of(a: AttemptView) -> dict[str, Any]:
     return {"cause": cause, "summary": summary, "exit_code": a.exit_code or None,
             "exit": exit_words(a.exit_code), "measured": measured_words(a.sampling),
             "flag": _flag(a)}
+
+
+def across(attempts: list[AttemptView]) -> None:
+    """Amend the stories with what only later attempts show (after :func:`of`).
+
+    Under MPS one client's fatal fault ends every client of the GPU, and every client
+    prints the same error, so an attempt alone cannot tell the culprit from a victim.
+    Its requeue can: a job whose shared attempt ended in a fatal CUDA error and whose
+    next attempt completed did not cause it (a culprit's fault comes back on a GPU of
+    its own, as tests/e2e/test_node_path.py's culprit shows). Such an attempt is told
+    it was a co-tenant's fault, so its advice is "no resize" rather than a debugging hunt.
+    """
+    for a, nxt in itertools.pairwise(attempts):
+        s, oom = a.story or {}, a.oom or {}
+        if (s.get("cause") == "cuda-fatal" and not oom.get("whole_gpu")
+                and (nxt.story or {}).get("cause") == "completed"):
+            s["cause"] = CO_TENANT
+            s["summary"] = (
+                "most likely not this job's fault: a fatal CUDA error under MPS, where one "
+                f"client's fault ends every client of the GPU ({oom.get('pattern') or '?'}),"
+                f" and its next attempt completed without one; {_requeued(a)}")
 
 
 def line(a: AttemptView) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +38,24 @@ def _wait_final(slurm: SlurmCli, job: int, timeout: float = 120) -> str:
         if info.get("JobState") == state:
             return state
     raise TimeoutError(f"job {job} did not settle")
+
+
+def _story_causes(cluster: Cluster, job: int) -> list[str | None]:
+    """Each attempt's cause word in ``colloc-report --json`` (issue 27's story)."""
+    out = subprocess.run([str(cluster.venv_bin / "colloc-report"), str(job), "--json"],
+                         env=cluster.env(), capture_output=True, text=True, check=False,
+                         timeout=60).stdout
+    d = json.loads(out) if out.strip().startswith("{") else {}
+    return [(a.get("story") or {}).get("cause") for a in d.get("attempts") or []]
+
+
+def _wait_causes(cluster: Cluster, job: int, want: list[str], timeout: float = 90) -> None:
+    """Until the job's report tells ``want`` (its record is written by a detached writer)."""
+    deadline, got = time.monotonic() + timeout, _story_causes(cluster, job)
+    while got != want and time.monotonic() < deadline:
+        time.sleep(2)
+        got = _story_causes(cluster, job)
+    assert got == want, f"job {job}: report causes {got}, expected {want}"
 
 
 def _gpu_of(slurm: SlurmCli, job: int) -> int | None:
@@ -327,3 +347,7 @@ def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
     assert f"job {victim}: cause=cuda-fatal" in log
     assert f"job {culprit}: cause=cuda-fatal" in log and "fatal CUDA error on a GPU of its own" in log
     assert "attempt=1" in (workdir / f"{victim}.out").read_text()
+    # issue 27: the victim's report says the fault was most likely a co-tenant's (its
+    # attempt on a GPU of its own completed); the culprit's stays its own fatal error
+    _wait_causes(cluster, victim, ["co-tenant", "completed"])
+    _wait_causes(cluster, culprit, ["cuda-fatal", "cuda-fatal"])

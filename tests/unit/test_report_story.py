@@ -197,3 +197,27 @@ def test_story_words_from_the_user_are_escaped_in_html() -> None:
     assert "<b>12</b>" not in page and "&lt;b&gt;12&lt;/b&gt;" in page
 
 
+
+
+def test_a_fatal_fault_under_mps_that_did_not_recur_is_a_co_tenants() -> None:
+    """Every client of an MPS server prints the same fatal error: one attempt cannot
+    tell culprit from victim. The victim's next attempt completes; the culprit's faults
+    again on a GPU of its own. Only the victim's first attempt is told it was not its
+    fault (and advised no resize); a culprit stays a fatal CUDA error."""
+    fault = OomInfo("cuda-fatal", "cuda-illegal-address")
+    a0 = Attempt(0, **BASE, metrics=M, oom=fault,  # type: ignore[arg-type]
+                 requeue=Requeue(True, "fatal CUDA error under MPS: a GPU of its own"))
+    a1 = Attempt(1, **{**BASE, "shards": 39, "limit_mib": 39 * 1024},  # type: ignore[arg-type]
+                 metrics=M)
+    victim = report(a0, a1, state="COMPLETED", exit_code="0:0")
+    s = victim.attempts[0].story
+    assert s is not None and s["cause"] == "co-tenant", s
+    assert "most likely not this job's fault" in s["summary"] and "requeued" in s["summary"]
+    assert "no resize is needed" in " ".join(victim.recommendations)
+    assert "most likely not this job's fault" in everything(victim)
+    own = OomInfo("cuda-fatal", "cuda-illegal-address", whole_gpu=True)
+    c1 = Attempt(1, **{**BASE, "shards": 39, "limit_mib": 39 * 1024},  # type: ignore[arg-type]
+                 metrics=M, oom=own, requeue=Requeue(False, "on a GPU of its own"))
+    culprit = report(a0, c1, state="FAILED", exit_code="1:0")
+    assert [a.story and a.story["cause"] for a in culprit.attempts] == ["cuda-fatal"] * 2
+    assert "CUDA_LAUNCH_BLOCKING=1" in " ".join(culprit.recommendations)
