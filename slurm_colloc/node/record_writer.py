@@ -239,6 +239,22 @@ class _Entry:
     first_seen: float
     tries: int = 0
     next_try: float = 0.0
+    looked: int = 0
+    """The last round that looked at it (0: none yet in this run)."""
+
+
+def _batch(listed: list[Entry], state: dict[Path, _Entry]) -> list[Entry]:
+    """This round's entries: those looked at least recently first, oldest first among
+    equals, at most :data:`BATCH`.
+
+    Why: entries that can only wait (a job its owner requeued and holds: a later
+    attempt exists and no end comes) would otherwise be the oldest for ever, and a
+    user holding :data:`BATCH` jobs would keep every newer record on the node out of
+    accounting (review of issue 28). Rotating through them bounds any record's wait
+    for a look to ``len(listed) / BATCH`` rounds.
+    """
+    return sorted(listed, key=lambda e: state[e.path].looked if e.path in state else 0
+                  )[:BATCH]
 
 
 @dataclass
@@ -342,15 +358,15 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
     written, delay = 0, pause
     started, rounds = time.monotonic(), 0
     while True:
-        found = [e for e in spoolmod.entries(spool_dir, BATCH)
-                 if e.path not in state or state[e.path].tries < TRIES]
+        found = _batch([e for e in spoolmod.entries(spool_dir)
+                        if e.path not in state or state[e.path].tries < TRIES], state)
         if not found or time.monotonic() - started > RUN_S:
             return written
         now = time.monotonic()
         fresh = any(e.path not in state for e in found)
         rounds += 1
         for e in found:
-            state.setdefault(e.path, _Entry(now - e.age()))
+            state.setdefault(e.path, _Entry(now - e.age())).looked = rounds
             if seen is not None:
                 seen.add(e.path)
         groups: dict[int, list[Entry]] = {}

@@ -320,3 +320,38 @@ def test_a_writer_that_finds_a_newer_writer_after_its_round_exits_at_once(
     monkeypatch.setattr(record_writer, "drain", drain_then_spool)
     assert record_writer.run_writer(spool, Dbd({81, 82}), _log()) == 1
     assert calls == ["lock", "lock"] and clock.sleeps == []
+
+
+class HeldDbd(Dbd):
+    """Jobs in ``held`` were requeued and are held by their owner: two rows (the
+    requeued attempt and the pending one), never an end."""
+
+    def __init__(self, finished: set[int], held: set[int]) -> None:
+        super().__init__(finished)
+        self.held = held
+
+    def accounting(self, job_ids: list[int]) -> list[AccountingRecord]:
+        out = super().accounting([j for j in job_ids if int(j) not in self.held])
+        for j in map(int, job_ids):
+            if j in self.held:
+                out += [_rec(j, state="REQUEUED"), _rec(j, state="PENDING", end="Unknown")]
+        return out
+
+
+def test_entries_that_only_wait_never_starve_a_newer_record(spool: Path,
+                                                             clock: FakeClock) -> None:
+    """Review finding (issue 28): a user who requeue-holds 100 of their own jobs left
+    100 spool entries that wait for ever (a later attempt exists, no end); the writer
+    looked only at the 100 oldest, so no newer job's record on that node was ever
+    written. The writer now looks at the entries it has looked at least first."""
+    held = set(range(1000, 1000 + record_writer.BATCH))
+    for i, job in enumerate(sorted(held)):
+        p = _put(spool, job)
+        p.rename(record_writer.spool_path(str(spool), job, 0))
+        os.utime(record_writer.spool_path(str(spool), job, 0), (1000.0 + i, 1000.0 + i))
+    _put(spool, 77, "cl1:rec77")  # newer than every held one
+    dbd = HeldDbd({77}, held)
+    record_writer.run_writer(spool, dbd, _log())
+    assert dbd.comments.get(77) == "cl1:rec77"
+    assert not (spool / "77.adminc").exists()
+    assert len(list(spool.glob("*.0.adminc"))) == record_writer.BATCH  # still waiting
