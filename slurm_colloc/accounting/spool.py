@@ -139,11 +139,20 @@ def remove(entry: Entry) -> None:
 
 
 def read_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
-    """A spool file's text: a regular file, never through a link, bounded."""
+    """A spool file's text: a regular file of the writer's own user (root), never
+    through a link, bounded.
+
+    The owner check: a spool under a directory others can write (a site's
+    ``evidence_dir`` in /tmp, say) must not let a user plant ``<job>.0.adminc`` and
+    have root write it into another user's job record (review of issue 28).
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path}: not a regular file")
+        if st.st_uid != os.geteuid():
+            raise OSError(f"{path}: owned by uid {st.st_uid}, not written by colloc")
         data = os.read(fd, limit)
     finally:
         os.close(fd)

@@ -355,3 +355,16 @@ def test_entries_that_only_wait_never_starve_a_newer_record(spool: Path,
     assert dbd.comments.get(77) == "cl1:rec77"
     assert not (spool / "77.adminc").exists()
     assert len(list(spool.glob("*.0.adminc"))) == record_writer.BATCH  # still waiting
+
+
+def test_a_spool_file_not_written_by_the_writers_user_is_never_replayed(
+        spool: Path, clock: FakeClock) -> None:
+    """Review finding (issue 28): with the spool under a directory users can write, a
+    planted ``<job>.0.adminc`` was read by root and written into that job's record.
+    A file the writer's own user (root) did not write is set aside, never replayed."""
+    assert os.geteuid() == 0, "the suite runs as root, as the node scripts do"
+    os.chown(_put(spool, 63, "cl1:forged"), 65534, 65534)  # nobody wrote it
+    dbd = Dbd({63})
+    record_writer.run_writer(spool, dbd, _log())
+    assert 63 not in dbd.comments and dbd.writes == []
+    assert (spool / "63.adminc.unreadable").exists()
