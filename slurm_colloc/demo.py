@@ -199,7 +199,9 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
     console.print()
     if ok:
         console.print(f"[bold green]All jobs completed[/]: {_placement(placed)}; the one that "
-                      "outgrew its share was recovered on a GPU of its own. No work lost.")
+                      "outgrew its share was recovered on a GPU of its own (from its start:"
+                      " this demo job keeps no checkpoint; docs/user.md says what a requeue"
+                      " keeps and loses).")
     else:
         console.print(f"[bold red]Not every job completed[/]: {final}; "
                       f"see {cluster.layout.log}/colloc.log")
