@@ -15,6 +15,7 @@ from typing import Any
 from slurm_colloc import config as cfgmod
 from slurm_colloc.node import job as jobmod
 from slurm_colloc.node.logging_setup import node_logger
+from slurm_colloc.node.timing import Stopwatch
 from slurm_colloc.slurm.adapter import SlurmCli
 
 FAULT_KEY = "test_fault_inject"
@@ -69,6 +70,7 @@ def _run_root_script(
     ``body(cfg, adapter, log)`` returns the line to log. Any error is logged with
     ``on_error`` (what the safe path means for the job) and the exit status stays 0.
     """
+    watch = Stopwatch()
     log = node_logger(component, env.get("SLURM_JOB_ID", "?"), None)
     try:
         cfg, log = _setup(component, env)
@@ -76,9 +78,10 @@ def _run_root_script(
             return 0
         line = body(cfg, _slurm(env), log)
         if line:  # None: the body logged its own line
-            log.info("%s", line)
+            log.info("%s %s", line, watch.suffix())
     except Exception as e:  # noqa: BLE001 - policy: log, take the safe path, never drain
-        log.error("internal error, %s: %s: %s", on_error, type(e).__name__, e)
+        log.error("internal error, %s: %s: %s %s", on_error, type(e).__name__, e,
+                  watch.suffix())
     return 0
 
 

@@ -1,0 +1,44 @@
+"""What one Prolog/Epilog run cost: wall time and CPU, appended to its log line.
+
+Every colloc Prolog and Epilog log line ends in ``[took W s, cpu C s]``: the wall time
+from the script's start to its decision, and the CPU seconds it and its children
+(squeue, nvidia-smi, nvidia-cuda-mps-control) used. Slurm runs a node's prologs
+concurrently and a job does not start until its prolog ends, so these two figures are
+what a burst costs a job (issue 28: prolog p50/p99 under a burst and under faults).
+The fault-injection benchmark and the burst benchmark read them back with
+:func:`parse_timing`; an admin reads them in the log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+_SUFFIX = re.compile(r"\[took (\d+(?:\.\d+)?) s, cpu (\d+(?:\.\d+)?) s\]\s*$")
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@dataclass
+class Stopwatch:
+    """Started when the script starts; :meth:`suffix` is read when it logs its line."""
+
+    wall0: float = field(default_factory=time.monotonic)
+    cpu0: float = field(default_factory=_cpu)
+
+    def suffix(self) -> str:
+        """``[took 0.41 s, cpu 0.27 s]``."""
+        wall = time.monotonic() - self.wall0
+        cpu = _cpu() - self.cpu0
+        return f"[took {wall:.2f} s, cpu {cpu:.2f} s]"
+
+
+def parse_timing(line: str) -> tuple[float, float] | None:
+    """``(wall_s, cpu_s)`` from a line that ends in the suffix; ``None`` otherwise."""
+    m = _SUFFIX.search(line)
+    return (float(m.group(1)), float(m.group(2))) if m else None
