@@ -24,7 +24,8 @@ Life cycle: the prolog starts it when it is not running
 (:mod:`.supervisor`) that holds an exclusive ``flock`` in root's private
 ``metrics_dir/collector/`` (:mod:`.liveness`: no user can open, hence hold, it), so a
 second copy exits at once, and runs this module's sampling loop as a worker, restarted
-when it dies or stalls. No exception of a step ends the loop (see :meth:`Collector.step`).
+when it dies or stalls; a worker whose supervisor is killed starts a new one
+(:mod:`.spawn`). No exception of a step ends the loop (see :meth:`Collector.step`).
 It exits by itself after ``collector_idle_exit_s`` without GPU jobs (and none in root's
 MPS bookkeeping), except with ``--stay``: under the systemd unit (``collector_unit``,
 :mod:`slurm_colloc.node.collector_start`) it stays up and systemd restarts it if it
@@ -49,13 +50,15 @@ from types import FrameType
 from slurm_colloc import procfs
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuSample
-from slurm_colloc.metrics import enforce, liveness, store
+from slurm_colloc.metrics import enforce, liveness, spawn, store
 from slurm_colloc.metrics.attribution import Attributor, JobTag, start_ticks
 from slurm_colloc.metrics.guard import Failures
 from slurm_colloc.mps.control import STATE_FILE, DaemonIdentity
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.mps.v3 import V3_DIR
 
+ORPHANED = 3
+""":func:`serve`'s status when its supervisor died and the worker hands over (issue 28)."""
 GONE_AFTER_S = 5.0
 """A job not seen on any GPU for this long has its pending rows flushed, file closed."""
 PRUNE_EVERY_S = 3600.0
@@ -484,7 +487,8 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
     No exception of a step ends it: a failing sample is logged (rate limited) and the
     next one is taken. ``heartbeat`` is touched after each completed sample (the
     supervisor restarts a worker whose heartbeat stops); ``parent``: the supervisor's
-    pid, whose death ends the loop (its lock is gone, a new collector may start).
+    pid, whose death ends the loop (its lock is gone): :data:`ORPHANED` then asks the
+    caller to start a new supervisor (:mod:`.spawn`), 0 is every other end.
     """
     stop = False
 
@@ -496,14 +500,15 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
     signal.signal(signal.SIGINT, _stop)
     c = Collector(cfg, backend)
     started = time.monotonic()
+    status = 0
     due: dict[str, float] = {}
     interval = cfg.sample_interval_s
     tick = time.monotonic()
     try:
         while not stop:
-            if parent is not None and os.getppid() != parent:
-                log.warning("supervisor %d gone: exiting (the next prolog starts a new one)",
-                            parent)
+            what = _parent_check(parent, stop, max_seconds, started)
+            if what != "run":
+                status = ORPHANED if what == "respawn" else 0
                 break
             try:
                 c.step()
@@ -528,7 +533,19 @@ def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None =
             time.sleep(delay)
     finally:
         c.close()
-    return 0
+    return status
+
+
+def _parent_check(parent: int | None, stopping: bool, max_seconds: float | None,
+                  started: float) -> str:
+    """Before each step: is the supervisor still there? (:func:`.spawn.respawn_decision`)"""
+    left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
+    what = spawn.respawn_decision(parent=parent, ppid=os.getppid(), stopping=stopping,
+                                  env=os.environ, seconds_left=left)
+    if what != "run":
+        log.warning("supervisor %s gone (%s)", parent,
+                    "starting a new one" if what == "respawn" else "exiting")
+    return what
 
 
 def _chores(cfg: CollocConfig, c: Collector, due: dict[str, float]) -> None:
@@ -588,13 +605,17 @@ def _logging(cfg: CollocConfig, worker: bool) -> None:
 
 
 def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None,
-            stay: bool = False) -> int:
-    """Sample until idle; an exception that still escapes is logged and reported."""
+            stay: bool = False, conf: str | None = None) -> int:
+    """Sample until idle; an exception that still escapes is logged and reported.
+
+    Orphaned (its supervisor killed), it starts a new supervisor once its GPU backend
+    and files are closed, then exits (:mod:`.spawn`, issue 28)."""
     from slurm_colloc.gpu.select import backend_from_config
     from slurm_colloc.metrics.supervisor import write_crash
 
     with contextlib.suppress(OSError):
         os.nice(5)
+    began = time.monotonic()
     try:
         heartbeat = liveness.Heartbeat(cfg.metrics_dir)
         backend = backend_from_config(cfg)
@@ -602,8 +623,8 @@ def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None,
             log.info("worker started (pid %d, backend %s, every %.1fs; over limit: %s, "
                      "outside MPS: %s)", os.getpid(), backend.name, cfg.sample_interval_s,
                      cfg.enforce_over_limit, cfg.enforce_outside_mps)
-            return serve(cfg, backend, max_seconds=seconds, heartbeat=heartbeat,
-                         parent=parent, stay=stay)
+            rc = serve(cfg, backend, max_seconds=seconds, heartbeat=heartbeat,
+                       parent=parent, stay=stay)
         finally:
             backend.close()
             heartbeat.close()
@@ -611,6 +632,12 @@ def _worker(cfg: CollocConfig, seconds: float | None, parent: int | None,
         log.exception("collector worker failed")
         write_crash(cfg.metrics_dir, f"{type(e).__name__}: {e}")
         return 1
+    if rc == ORPHANED and parent is not None:
+        left = None if seconds is None else seconds - (time.monotonic() - began)
+        spawn.hand_over(cfg.metrics_dir, parent,
+                        spawn.supervisor_args(conf=conf, stay=stay, seconds_left=left))
+        return 0
+    return rc
 
 
 def _lock(metrics_dir: str, stay: bool, poll_s: float = 1.0) -> int | None:
@@ -649,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = cfgmod.load(a.conf)
     _logging(cfg, worker=a.worker)
     if a.worker:
-        return _worker(cfg, a.seconds, a.supervisor, a.stay)
+        return _worker(cfg, a.seconds, a.supervisor, a.stay, a.conf)
     try:
         fd = _lock(cfg.metrics_dir, a.stay)
     except OSError as e:

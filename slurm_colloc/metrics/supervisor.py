@@ -14,8 +14,11 @@ without enforcement (:func:`.liveness.gaps`).
 
 A clean worker exit (status 0: no GPU job for ``collector_idle_exit_s``, or
 ``--seconds`` elapsed) ends the supervisor too. If the supervisor itself is killed,
-the lock goes with it; the worker sees its parent gone and exits at its next step, and
-the next GPU job's prolog starts a new pair.
+the lock goes with it; the worker sees its parent gone at its next step (within a
+sample interval), records that, starts a new supervisor detached and exits
+(:mod:`.spawn`, issue 28): sampling is back within seconds. The new supervisor takes
+the lock or exits (a prolog's collector may have won it), so one collector runs.
+Under systemd the worker only exits and systemd restarts the unit (``Restart=always``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How a prolog that finds no collector gets one: systemd's unit, else a detached start.
 
 With ``collector_unit`` set (the unit ``colloc admin collector-unit --install`` writes),
-systemd runs the collector: it restarts it when it dies (``Restart=on-failure``) and
+systemd runs the collector: it restarts it when it ends (``Restart=always``) and
 logs it to the journal. The prolog then only asks systemd to start the unit, without
 waiting for it (``systemctl start --no-block``: a prolog must not block on a unit's
 start-up). Where that cannot work (no ``systemctl``, a host not booted with systemd,

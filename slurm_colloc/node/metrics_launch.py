@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.detach import spawn_module
-from slurm_colloc.metrics import liveness, store
+from slurm_colloc.metrics import liveness, spawn, store
 from slurm_colloc.node.collector_start import start_collector
 from slurm_colloc.node.job import JobContext
 
@@ -66,12 +66,11 @@ def collector_running(metrics_dir: str) -> bool:
 
 
 def spawn_collector(env: Mapping[str, str]) -> None:
-    """Start the collector fully detached (own session; slurmd does not wait for it)."""
-    child_env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
-    for k in ("COLLOC_CONF", "SLURM_CONF"):
-        if k in env:
-            child_env[k] = env[k]
-    spawn_module("slurm_colloc.metrics.collector", (), child_env)
+    """Start the collector fully detached (own session; slurmd does not wait for it).
+
+    An orphaned worker starts its successor the same way
+    (:mod:`slurm_colloc.metrics.spawn`)."""
+    spawn_module(spawn.MODULE, (), spawn.collector_env(env))
 
 
 def ensure_collector(
