@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--rows", help="comma-separated kind@moment[:outage s]; kinds: "
                     + ", ".join(faults.KINDS) + "; moments: " + ", ".join(faults.MOMENTS))
     ap.add_argument("--out", type=Path, help="write the markdown table here")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the cluster's own root")
+    ap.add_argument("--port-base", type=int, default=SPEC.ctld_port,
+                    help="slurmctld's port; slurmd, slurmdbd and MariaDB use the next ones")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/colloc-bench-faults-logs"),
                     help="where the cluster's logs are kept when it goes down")
     a = ap.parse_args()
@@ -64,13 +67,15 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("run as root inside the release's root filesystem (it starts a "
                          "devcluster): see the usage at the top of this file")
-    c = Cluster(Layout(ROOT), SPEC)
+    p = a.port_base
+    c = Cluster(Layout(a.root), Spec(ctld_port=p, slurmd_port=p + 1, dbd_port=p + 2,
+                                     mysql_port=p - 11))
     c.down()
     outcomes: list[faults.Outcome] = []
     t0 = time.monotonic()
     try:
         c.up(timeout=120, fresh=True)
-        workdir = ROOT / "jobs" / "faults"
+        workdir = a.root / "jobs" / "faults"
         workdir.mkdir(parents=True, exist_ok=True)
         workdir.chmod(0o1777)
         with faults.Suite(c, workdir).installed() as suite:

@@ -417,8 +417,8 @@ class Suite:
         return out
 
     def _reach(self, row: Row, oom: int, jobs: list[int]) -> None:
-        if row.moment == "running":
-            wait_until(lambda: all(self._info(j).get("JobState") == "RUNNING" for j in jobs),
+        if row.moment == "running":  # RUNNING includes CONFIGURING: the scripts' output
+            wait_until(lambda: all(self._started(j) for j in jobs),
                        f"jobs {jobs} never ran together", 180)
             return
         started = self.gates / f"started.{row.moment}.{oom}"
@@ -445,6 +445,12 @@ class Suite:
             out.notes.append(f"restart: {str(e).splitlines()[0]}")
             self.ensure_up()
         return time.monotonic()
+
+    def _started(self, job: int) -> bool:
+        """The batch script runs (its first line is out; its prolog is over)."""
+        with contextlib.suppress(OSError):
+            return "attempt=" in (self.workdir / f"{job}.out").read_text(errors="replace")
+        return False
 
     def _oom_seen(self, job: int) -> bool:
         f = self.workdir / f"{job}.out"
