@@ -9,6 +9,9 @@
       quarantine/                   root 0700  retired pipe dirs, until purged
       gpu<i>/lock                   root 0600  flock: one prolog/epilog per GPU at a time
       gpu<i>/uid<u>/daemon.json     root 0600  the daemon's identity (pid, start time)
+      gpu<i>/uid<u>/cap.lock        root 0600  flock: one server-cap commit at a time
+      gpu<i>/uid<u>/cap.want        root 0600  registrations so far (a counter)
+      gpu<i>/uid<u>/cap.done        root 0600  the counter the server cap last covered
       gpu<i>/uid<u>/pipe/           user 0700  the daemon's pipe dir (only u can connect)
       gpu<i>/uid<u>/log/            root:gid 0750  control.log, server.log
       gpu<i>/uid<u>/jobs/<jobid>    root 0644  one marker per job using this daemon
@@ -41,7 +44,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -86,23 +91,73 @@ def ensure_root_dir(path: Path, mode: int = 0o755) -> Path:
 
 @contextlib.contextmanager
 def _flocked(path: Path, what: str, timeout: float) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on root's ``path``; TenancyError after ``timeout``."""
+    """Hold an exclusive ``flock`` on root's ``path``; TenancyError after ``timeout``.
+
+    The wait blocks in the kernel (:func:`_wait_flock`), not in a sleep loop: under a
+    burst tens of prologs wait for one GPU, and 20 wake-ups a second each cost the
+    node's CPUs, and the holder's, for nothing (issue 28: prolog p99 under a burst).
+    """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TenancyError(
-                        f"{what}: lock held for over {timeout:.0f}s by another prolog/epilog"
-                    ) from None
-                time.sleep(0.05)
+        if not _wait_flock(fd, timeout):
+            raise TenancyError(
+                f"{what}: lock held for over {timeout:.0f}s by another prolog/epilog")
         yield
     finally:
         os.close(fd)
+
+
+class _LockTimeout(Exception):
+    """Raised by the alarm handler of :func:`_wait_flock` only."""
+
+
+def _wait_flock(fd: int, timeout: float) -> bool:
+    """Take ``fd``'s exclusive flock within ``timeout`` s; False when it was not taken.
+
+    A blocking ``flock`` bounded by a one-shot interval timer (SIGALRM), in the main
+    thread when no other timer runs (the node scripts); elsewhere a sleep loop.
+    The handler raises only while the wait is on: a timer that fires as the lock is
+    taken makes this answer False, and the caller's close releases the lock.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
+        return _poll_flock(fd, timeout)
+    waiting = [True]
+
+    def on_alarm(signum: int, frame: object) -> None:
+        if waiting[0]:
+            raise _LockTimeout
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, max(timeout, 0.001))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        waiting[0] = False
+        return True
+    except _LockTimeout:
+        return False
+    finally:
+        waiting[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _poll_flock(fd: int, timeout: float) -> bool:
+    """The sleep-loop wait, for callers outside the main thread."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 def private_group(uid: int) -> int | None:
@@ -177,6 +232,33 @@ class Tenancy:
         ensure_root_dir(self.root)
         with _flocked(self.root / "node.lock", "the node's MPS v3 daemon", timeout):
             yield
+
+    @contextlib.contextmanager
+    def cap_locked(self, gpu: int, uid: int, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+        """Serialise the (GPU, user) server-cap commits (:mod:`slurm_colloc.node.user_cap`).
+
+        Taken without the GPU lock held, and no GPU lock is taken under it.
+        """
+        ensure_root_dir(self.user_dir(gpu, uid))
+        with _flocked(self.user_dir(gpu, uid) / "cap.lock", f"GPU {gpu} user {uid} cap",
+                      timeout):
+            yield
+
+    def read_counter(self, gpu: int, uid: int, name: str) -> int:
+        """Root's counter ``cap.<name>`` of (GPU, user); 0 when missing or unreadable."""
+        from slurm_colloc.mps.control import read_small_file
+
+        try:
+            text = read_small_file(self.user_dir(gpu, uid) / f"cap.{name}", owner=os.geteuid(),
+                                   limit=64).strip()
+        except OSError:
+            return 0
+        return int(text) if text.isdigit() and len(text) < 19 else 0
+
+    def write_counter(self, gpu: int, uid: int, name: str, value: int) -> None:
+        """Write root's counter ``cap.<name>`` atomically (root 0600)."""
+        d = ensure_root_dir(self.user_dir(gpu, uid))
+        _write_root_file(d / f"cap.{name}", f"{value}\n", 0o600, 0)
 
     def prepare_user_dirs(self, gpu: int, uid: int) -> tuple[Path, Path]:
         """Fresh root-owned pipe dir (0700) and log dir for a daemon about to start.

@@ -53,13 +53,38 @@ PROLOG_WITHOUT = "job runs without MPS, a memory limit, metrics or enforcement"
 
 def prolog_jobs(env: Mapping[str, str], cfg: cfgmod.CollocConfig,
                 budget: Any = None) -> dict[int, Any]:
-    """The controller's job list within the prolog's one budget (``prolog_controller_s``,
-    every try together). Raises ``controller_wait.Unanswered`` when it is spent: that
-    is never "no jobs" (issue 28 item 3)."""
+    """The controller's records of the jobs the prolog judges (:func:`judged_jobs`),
+    within the prolog's one budget (``prolog_controller_s``, every try together).
+    Raises ``controller_wait.Unanswered`` when it is spent: that is never "no jobs"
+    (issue 28 item 3). A job missing from the answer is one the controller no longer
+    holds."""
     from slurm_colloc.node import controller_wait
 
     budget = budget or controller_wait.Budget(cfg.prolog_controller_s)
-    return controller_wait.ask(lambda t: _slurm(env, t).jobs(), budget)
+    ids = judged_jobs(env, cfg)
+    return controller_wait.ask(lambda t: _slurm(env, t).jobs_among(ids), budget)
+
+
+def judged_jobs(env: Mapping[str, str], cfg: cfgmod.CollocConfig) -> list[int]:
+    """The prolog's own job and the jobs registered on its GPUs (root's markers):
+    the only records it reads (issue 28: under a burst, tens of prologs each parsing
+    the whole queue cost the node's CPUs). Every GPU's when SLURM_JOB_GPUS is not an
+    index list (the context then refuses the job anyway)."""
+    from pathlib import Path
+
+    from slurm_colloc.mps.tenancy import Tenancy
+    from slurm_colloc.slurm.squeue_json import parse_indices
+
+    job_id, _ = jobmod.ids_from_env(env)
+    try:
+        gpus: set[int] | None = set(parse_indices(env.get("SLURM_JOB_GPUS", "")))
+    except ValueError:
+        gpus = None
+    out = {job_id}
+    for job, where in Tenancy(Path(cfg.mps_root)).all_jobs().items():
+        if gpus is None or any(g in gpus for g, _ in where):
+            out.add(job)
+    return sorted(out)
 
 
 def _run_root_script(

@@ -28,7 +28,7 @@ from slurm_colloc.gpu.budget import budget_of
 from slurm_colloc.gpu.identity import GpuMap
 from slurm_colloc.mps.control import MpsControlError, MpsDaemon
 from slurm_colloc.mps.tenancy import Tenancy
-from slurm_colloc.node import promise
+from slurm_colloc.node import promise, user_cap
 from slurm_colloc.node.gpus import node_gpu_map
 from slurm_colloc.node.job import JobContext, context_to_json
 from slurm_colloc.node.mps_protocol import node_protocol, v3_node
@@ -270,6 +270,9 @@ def _v2_setup(
     """MPS v2: the (GPU, user) daemon, started if needed, and the job registered on it.
 
     ``capacity`` > 0: the GPU's shards, checked before anything is started (issue 28).
+    The GPU lock covers the registration only; the user's server cap is raised after
+    it, by a group commit (:mod:`slurm_colloc.node.user_cap`): under a burst one
+    commit serves every prolog registered before it (issue 28: prolog p99).
     """
     gpu = ctx.gpus[0]
     with tenancy.locked(gpu):
@@ -284,9 +287,27 @@ def _v2_setup(
             tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
         tenancy.add_job(gpu, ctx.uid, ctx.job_id)
         tenancy.write_job_env(ctx.job_id, env, ctx.uid, gid)
-        # server side: a client that drops its own limit (env -i, --cleanenv) gets
-        # its user's total share of this GPU, not the whole GPU (docs/node.md)
-        _cap_or_withdraw(ctx, tenancy, daemon, user_total_mib(cfg, tenancy, gpu, ctx.uid))
+        ticket = user_cap.register(tenancy, gpu, ctx.uid)
+    # server side: a client that drops its own limit (env -i, --cleanenv) gets its
+    # user's total share of this GPU, not the whole GPU (docs/node.md); committed
+    # after the GPU lock, one commit for every registration before it (issue 28)
+    _commit_cap(ctx, cfg, tenancy, daemon, ticket)
+
+
+def _commit_cap(ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, daemon: MpsDaemon,
+                ticket: int) -> None:
+    """The job's registration ``ticket`` covered by its user's server cap
+    (:mod:`slurm_colloc.node.user_cap`), or MPS taken back from the job: whatever
+    fails (the daemon refuses, the cap lock times out), the job never gets the pipe
+    directory under a cap that may not hold its own share."""
+    gpu = ctx.gpus[0]
+    try:
+        user_cap.commit(tenancy, gpu, ctx.uid, ticket,
+                        lambda: user_total_mib(cfg, tenancy, gpu, ctx.uid),
+                        lambda total: _cap_or_withdraw(ctx, tenancy, daemon, total))
+    except Exception:
+        _withdraw(tenancy, ctx.job_id)
+        raise
 
 
 def _check_promise(cfg: CollocConfig, tenancy: Tenancy, ctx: JobContext, gpu: int,
@@ -320,9 +341,14 @@ def _cap_or_withdraw(ctx: JobContext, tenancy: Tenancy, daemon: MpsDaemon, total
             if attempt + 1 < CAP_TRIES:
                 time.sleep(0.5)
                 continue
-            tenancy.forget_job_env(ctx.job_id)
-            tenancy.remove_job(ctx.job_id)
+            _withdraw(tenancy, ctx.job_id)
             raise
+
+
+def _withdraw(tenancy: Tenancy, job_id: int) -> None:
+    """The job's env files and markers go: the TaskProlog gives it no MPS."""
+    tenancy.forget_job_env(job_id)
+    tenancy.remove_job(job_id)
 
 
 def _v3_setup(

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from slurm_colloc.slurm import sacct_json
 from slurm_colloc.slurm.data_parser import JSON_FLAG
 from slurm_colloc.slurm.records import SACCT_FIELDS, AccountingRecord, SlurmError
 from slurm_colloc.slurm.squeue_json import (
+    MAX_JSON_BYTES,
     SlurmJob,
     SqueueJsonError,
     gres_idx_view,
@@ -82,6 +84,18 @@ class SlurmAdapter(abc.ABC):
         Raises :class:`SlurmError` when the controller cannot be asked or its answer
         is not squeue's JSON: "unknown" must never look like "no jobs".
         """
+
+    def jobs_among(self, job_ids: Iterable[int]) -> dict[int, SlurmJob]:
+        """The jobs of ``job_ids`` the controller holds, finished ones included; an id
+        it does not hold is missing from the answer (gone), never an error.
+
+        A node script that judges only a few jobs asks for those (issue 28: under a
+        burst, tens of prologs each parsing the whole queue cost the node's CPUs).
+        Raises :class:`SlurmError` like :meth:`jobs`. This default reads :meth:`jobs`;
+        :class:`SlurmCli` asks for the ids only.
+        """
+        want = set(job_ids)
+        return {j: job for j, job in self.jobs().items() if j in want}
 
     def job(self, job_id: int | str) -> SlurmJob | None:
         """One job as the controller holds it; None when it holds no such job.
@@ -177,6 +191,43 @@ def _job_id(job_id: int | str) -> int | None:
     (``123_4`` array forms are resolved by the caller)."""
     text = str(job_id)
     return int(text) if text.isdigit() and len(text) <= 12 and int(text) > 0 else None
+
+
+_NONE_KNOWN = ("invalid job id",)
+"""What squeue says (exit 1; with ``--json``, or an ``errors`` entry) when it holds
+none of the ``--jobs`` ids: those jobs are gone, not an unanswered question."""
+
+
+def _none_known(text: str) -> bool:
+    low = text.lower()
+    return any(m in low for m in _NONE_KNOWN)
+
+
+def _json_errors(text: str) -> list[str]:
+    """The ``errors`` entries of a squeue --json answer, as text ([] when none or
+    when the answer is not JSON: the caller's parse then says why)."""
+    try:
+        doc = json.loads(text) if len(text) <= MAX_JSON_BYTES else None
+    except (ValueError, RecursionError):
+        return []
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    if not isinstance(errors, list):
+        return []
+    return [_error_entry(e) for e in errors[:16]]
+
+
+def _error_entry(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        return str(entry)[:200]
+    return " / ".join(str(entry.get(k) or "") for k in ("description", "error"))[:240]
+
+
+def _without_errors(text: str) -> str:
+    """The answer with its ``errors`` list emptied (every entry said only that some
+    ids are not known: the jobs it lists are still the controller's answer)."""
+    doc = json.loads(text)
+    doc["errors"] = []
+    return json.dumps(doc)
 
 
 def _gres_view(job: SlurmJob) -> str:
@@ -296,6 +347,30 @@ class SlurmCli(SlurmAdapter):
             return parse_jobs(cp.stdout)
         except SqueueJsonError as e:
             raise SlurmError(str(e)) from e
+
+    def jobs_among(self, job_ids: Iterable[int]) -> dict[int, SlurmJob]:
+        ids = sorted({j for j in map(_job_id, job_ids) if j is not None})
+        if not ids:
+            return {}
+        cp = self._run("squeue", JSON_FLAG, "--states=all", f"--jobs={','.join(map(str, ids))}",
+                       check=False)
+        errors = _json_errors(cp.stdout)
+        if cp.returncode != 0 or errors:
+            # 26.05's squeue asked for one id it does not hold exits 1 ("Invalid job
+            # id specified" on stderr; for several, exit 0 and no jobs): gone. Only
+            # stderr and the errors list (slurmctld's text) are read, never the jobs'
+            # fields, which users write.
+            said = [t for t in (*errors, cp.stderr) if t.strip()]
+            if not said or not all(_none_known(t) for t in said):
+                raise SlurmError(f"squeue --jobs: exit {cp.returncode}: "
+                                 f"{(cp.stderr.strip() or '; '.join(errors))[:500]}")
+            if cp.returncode != 0:
+                return {}
+        try:
+            jobs = parse_jobs(_without_errors(cp.stdout) if errors else cp.stdout)
+        except SqueueJsonError as e:
+            raise SlurmError(str(e)) from e
+        return {j: job for j, job in jobs.items() if j in set(ids)}
 
     def job(self, job_id: int | str) -> SlurmJob | None:
         jid = _job_id(job_id)

@@ -68,6 +68,10 @@ class FakeSlurm:
         self.calls: list[tuple[Any, ...]] = []
         self.fail = fail
 
+    def jobs_among(self, job_ids: Any) -> dict[int, Any]:
+        """The prolog's query (issue 28); the epilog asks nothing of it."""
+        return {}
+
     def requeue(self, job_id: int, *, hold: bool = False) -> None:
         self.calls.append(("requeue", job_id, hold))
         if self.fail is not None:

@@ -51,6 +51,14 @@ class FakeSlurm:
             raise self.fail
         return self._jobs
 
+    def jobs_among(self, job_ids: Any) -> dict[int, Any]:
+        """The prolog's query: only the jobs it judges (issue 28)."""
+        self.calls.append("jobs_among")
+        self.asked = sorted(job_ids)
+        if self.fail:
+            raise self.fail
+        return {j: v for j, v in self._jobs.items() if j in set(job_ids)}
+
     def job(self, job_id: int) -> Any:
         """The per-job query (scontrol --json show job) the epilog falls back to."""
         self.calls.append("job")
@@ -139,7 +147,8 @@ def test_prolog_one_snapshot_and_logs_the_decision(node, monkeypatch) -> None:
 
     monkeypatch.setattr(prolog, "run", fake_run)
     assert entry.prolog_main(dict(ENV)) == 0
-    assert node.slurm.calls == ["jobs"]  # one controller call, reused for reaping
+    assert node.slurm.calls == ["jobs_among"]  # one controller call, reused for reaping
+    assert node.slurm.asked == [7]  # its own job: nothing registered on its GPU
     assert seen["ctx"].job_id == 7 and seen["ctx"].shards == 2 and seen["ctx"].gpus == (0,)
     assert list(seen["jobs"]) == [7] and seen["taken"] > 0
     assert "prolog: job 7: shared gpu=0 limit_mib=2048 mps up" in node.log()

@@ -38,6 +38,10 @@ class FakeSlurm:
         if what in self.fail:
             raise self.fail[what]
 
+    def jobs_among(self, job_ids: Any) -> dict[int, Any]:
+        """The prolog's query (issue 28); the epilog asks nothing of it."""
+        return {}
+
     def requeue(self, job_id: int, *, hold: bool = False) -> None:
         self.calls.append(("requeue", job_id, hold))
         self._maybe("requeue")

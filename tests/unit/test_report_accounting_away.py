@@ -46,6 +46,9 @@ class AwayDbd:
     def jobs(self) -> dict[int, Any]:
         raise SlurmError("slurmctld: no answer")
 
+    def jobs_among(self, job_ids: Any) -> dict[int, Any]:
+        raise SlurmError("slurmctld: no answer")
+
 
 def test_the_report_says_accounting_is_away_and_shows_the_controllers_view() -> None:
     rep = job_report.build("501", SlurmInquirer(AwayDbd(), None), CollocConfig())  # type: ignore[arg-type]

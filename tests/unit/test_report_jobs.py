@@ -101,6 +101,9 @@ class _Slurm:
     def jobs(self) -> dict[int, SlurmJob]:
         return self.live
 
+    def jobs_among(self, job_ids: Any) -> dict[int, SlurmJob]:
+        return {j: v for j, v in self.live.items() if j in set(job_ids)}
+
     def show_job(self, job_id: str) -> dict[str, Any] | None:
         return None
 

@@ -303,6 +303,9 @@ class FakeSlurm:
     def jobs(self) -> dict[int, Any]:
         return {}
 
+    def jobs_among(self, job_ids: Any) -> dict[int, Any]:
+        return {}
+
     def accounting(self, job_ids) -> list[AccountingRecord]:  # type: ignore[no-untyped-def]
         return []
 

@@ -1,0 +1,157 @@
+"""A burst of GPU jobs on one node: prolog wall/CPU p50 and p99, lost jobs and requeues.
+
+    .venv/bin/colloc devcluster rootfs --release 26.05 -- \\
+        /work/main/.venv-slurm-26.05/bin/python benchmarks/prolog_burst.py --jobs 150 --oom 30
+    (as root, inside the release's root filesystem like the e2e tests; a few minutes)
+
+Issue 28: a burst of 150 shard jobs (30 of them OOM once and are requeued on a whole
+GPU) submitted within ~2.5 s on the one-node devcluster (4 simulated GPUs with
+shards) put tens of prologs on the node at once, and a job starts only when its
+prolog ends. This brings up a cluster of its own at :data:`ROOT` (ports
+:data:`SPEC`), submits the burst (``--submitters`` sbatch at a time), waits until
+every job is done, and reads every prolog's ``[took W s, cpu C s]`` from colloc's
+node log (colloc.conf ``log_file``). It prints the lost jobs (not COMPLETED), the
+lost requeues (an OOM job never requeued), prolog wall p50/p99 and CPU p50, then
+``BENCH_JSON {...}``, and writes ``--out`` (markdown); the cluster is taken down
+afterwards (also on error or Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from slurm_colloc import config as cfgmod
+from slurm_colloc.bench import burst
+from slurm_colloc.devcluster.cluster import Cluster
+from slurm_colloc.devcluster.layout import Layout, Spec
+from slurm_colloc.slurm.adapter import SlurmCli, SlurmError
+
+ROOT = Path("/var/lib/colloc-bench-burst")
+SPEC = Spec(ctld_port=19517, slurmd_port=19518, dbd_port=19519, mysql_port=19506)
+OK_JOB = "colloc-simjob --mem 2G --seconds 5"
+OOM_JOB = "colloc-simjob --mem 3G --peak 9G --peak-at 0.3 --seconds 4"
+FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
+                   "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
+
+
+def _script(d: Path, name: str, body: str) -> Path:
+    path = d / name
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def _sbatch(c: Cluster, d: Path, script: Path, shards: int) -> int:
+    cp = subprocess.run(["sbatch", "--parsable", f"--chdir={d}", f"--output={d}/%j.out",
+                         f"--gres=shard:{shards}", str(script)], env=c.env(),
+                        capture_output=True, text=True, check=True)
+    return int(cp.stdout.strip().split(";")[0])
+
+
+def submit(c: Cluster, n_jobs: int, n_oom: int,
+           submitters: int) -> tuple[list[int], list[int], float]:
+    """The burst, ``submitters`` sbatch at a time; (all jobs, OOM jobs, seconds taken).
+
+    The OOM jobs are spread through the burst (every ``n_jobs // n_oom``-th)."""
+    d = c.layout.root / "jobs" / "prolog-burst"
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o1777)
+    ok, oom = _script(d, "ok.sh", OK_JOB), _script(d, "oom.sh", OOM_JOB)
+    step = max(1, n_jobs // n_oom) if n_oom else 0
+    is_oom = [bool(step) and i % step == 0 and i // step < n_oom for i in range(n_jobs)]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(submitters) as pool:
+        ids = list(pool.map(lambda o: _sbatch(c, d, oom if o else ok, 6 if o else 4), is_oom))
+    took = time.monotonic() - t0
+    return ids, [j for j, o in zip(ids, is_oom, strict=True) if o], took
+
+
+def wait_done(slurm: SlurmCli, ids: list[int], oom: list[int],
+              timeout: float) -> dict[int, tuple[str, int]]:
+    """Poll until every job is in a final state and every OOM job has been requeued
+    (or 60 s have passed with all final); (state, restarts) per job."""
+    deadline = time.monotonic() + timeout
+    all_final_since = None
+    seen: dict[int, tuple[str, int]] = {}
+    while time.monotonic() < deadline:
+        try:
+            jobs = slurm.jobs()
+        except SlurmError:
+            time.sleep(2)
+            continue
+        seen = {j: (jobs[j].state, jobs[j].restarts) if j in jobs else ("MISSING", 0)
+                for j in ids}
+        if all(s in FINAL for s, _ in seen.values()):
+            all_final_since = all_final_since or time.monotonic()
+            if all(seen[j][1] >= 1 for j in oom) or time.monotonic() - all_final_since > 60:
+                return seen
+        else:
+            all_final_since = None
+        time.sleep(2)
+    return seen
+
+
+def _log_lines(path: Path, offset: int) -> list[str]:
+    with open(path, errors="replace") as f:
+        f.seek(offset)
+        return f.read().splitlines()
+
+
+def run(c: Cluster, n_jobs: int, n_oom: int, submitters: int, timeout: float) -> dict[str, object]:
+    slurm = SlurmCli(env=c.env())
+    log = Path(cfgmod.load(c.layout.colloc_conf).log_file or "")
+    offset = log.stat().st_size if log.is_file() else 0
+    t0 = time.monotonic()
+    ids, oom, took = submit(c, n_jobs, n_oom, submitters)
+    final = wait_done(slurm, ids, oom, timeout)
+    done = time.monotonic() - t0
+    time.sleep(3)  # the last epilogs' lines
+    runs = burst.prolog_runs(_log_lines(log, offset), ids)
+    return {"jobs": n_jobs, "oom_jobs": n_oom, "submit_s": round(took, 1),
+            "done_s": round(done, 1),
+            "lost_jobs": burst.lost_jobs({j: s for j, (s, _) in final.items()}),
+            "lost_requeues": burst.lost_requeues({j: r for j, (_, r) in final.items()}, oom),
+            "prolog": burst.summarize(runs),
+            "prolog_modes": {m: sum(r.mode == m for r in runs) for m in {r.mode for r in runs}}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=150)
+    ap.add_argument("--oom", type=int, default=30, help="how many of the jobs OOM once")
+    ap.add_argument("--submitters", type=int, default=8, help="sbatch calls at a time")
+    ap.add_argument("--timeout", type=float, default=1500.0, help="seconds to wait for the jobs")
+    ap.add_argument("--variant", default="", help="a label for the result (e.g. baseline)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prolog-burst.md"),
+                    help="the markdown result (empty: none)")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root (it starts a devcluster)")
+    c = Cluster(Layout(ROOT), SPEC)
+    c.down()
+    try:
+        c.up(timeout=120, fresh=True)
+        out = run(c, a.jobs, a.oom, a.submitters, a.timeout)
+    finally:
+        c.down()
+    out["variant"] = a.variant
+    s = out["prolog"]
+    assert isinstance(s, dict)
+    print(f"{a.jobs} jobs ({a.oom} OOM once) submitted in {out['submit_s']} s, all done after "
+          f"{out['done_s']} s; lost jobs {len(out['lost_jobs'])}, lost requeues "  # type: ignore[arg-type]
+          f"{len(out['lost_requeues'])}; {s['prologs']} prologs: wall p50 {s['wall_p50_s']} s, "  # type: ignore[arg-type]
+          f"p99 {s['wall_p99_s']} s, max {s['wall_max_s']} s; CPU p50 {s['cpu_p50_s']} s")
+    print("BENCH_JSON " + json.dumps(out))
+    if a.out:
+        Path(a.out).write_text(burst.markdown(out, " ".join(["prolog_burst.py", *sys.argv[1:]])))
+
+
+if __name__ == "__main__":
+    main()
