@@ -17,6 +17,9 @@ Scenes (each uses the real sbatch/slurmctld/slurmd/slurmdbd and colloc's node sc
 5. Safety: an unprivileged user tries the two attacks of issue 11 (a forged
    AdminComment in ``--comment``; another user's pid planted in the MPS pipe
    directory). The job stays capped, the other user's process lives.
+5b. Faults (:mod:`slurm_colloc.demo_faults`): the collector's supervisor and slurmdbd
+   are SIGKILLed under a job; sampling is back within seconds and the job's record,
+   held in root's spool meanwhile, reaches accounting after slurmdbd restarts.
 6. A site: login host, controller and three compute hosts in their own namespaces
    (:mod:`slurm_colloc.demo_site`): an OOM on one host recovered on another, a plain
    GPU job left alone, the report read from the login host.
@@ -208,6 +211,9 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
     demo_monitoring.print_scene(console, snapshot, slurm, cfg, list(ids.values()))
     _final_reports(console, cluster, cfg, ids)
     ok = _safety_scene(console, cluster, slurm, workdir) and ok
+    from slurm_colloc import demo_faults
+
+    ok = demo_faults.fault_scene(console, cluster, slurm, workdir) and ok
     if site:
         from slurm_colloc import demo_site
 

@@ -32,10 +32,12 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"metrics"}),
     frozenset({"node"}),
     frozenset({"report", "site", "selftest"}),
-    frozenset({"cli", "demo", "demo_site", "demo_attacks", "demo_monitoring", "devcluster",
+    frozenset({"cli", "demo", "demo_site", "demo_attacks", "demo_faults", "demo_monitoring",
+               "devcluster",
                "bench", "gpu.sim"}),
 )
-LAB = frozenset({"demo", "demo_site", "demo_attacks", "demo_monitoring", "devcluster", "bench",
+LAB = frozenset({"demo", "demo_site", "demo_attacks", "demo_faults", "demo_monitoring",
+                 "devcluster", "bench",
                  "gpu.sim"})
 """Lab units: no layer rule (they sit on top) and no length rule; the CLI shares their
 layer but is runtime."""

@@ -22,6 +22,7 @@ RUNTIME_FILES = ["config.py", "procfs.py", "units.py", "detach.py", "safe_tree.p
                  "log_escape.py"]
 LAB = ("slurm_colloc.devcluster", "slurm_colloc.bench", "slurm_colloc.demo",
        "slurm_colloc.demo_site", "slurm_colloc.demo_attacks", "slurm_colloc.demo_monitoring",
+       "slurm_colloc.demo_faults",
        "slurm_colloc.gpu.sim",
        "slurm_colloc.selftest")
 ALLOWED = {("gpu/select.py", "slurm_colloc.gpu.sim.backend"),
