@@ -119,7 +119,10 @@ def run(c: Cluster, n_jobs: int, n_oom: int, submitters: int, timeout: float) ->
             "lost_jobs": burst.lost_jobs({j: s for j, (s, _) in final.items()}),
             "lost_requeues": burst.lost_requeues({j: r for j, (_, r) in final.items()}, oom),
             "prolog": burst.summarize(runs),
-            "prolog_modes": {m: sum(r.mode == m for r in runs) for m in {r.mode for r in runs}}}
+            "prolog_modes": {m: sum(r.mode == m for r in runs) for m in {r.mode for r in runs}},
+            "slowest": [[r.job_id, r.wall_s, r.cpu_s, r.mode]
+                        for r in sorted(runs, key=lambda r: -r.wall_s)[:5]],
+            "first_job": min(ids)}
 
 
 def main() -> None:
@@ -129,6 +132,7 @@ def main() -> None:
     ap.add_argument("--submitters", type=int, default=8, help="sbatch calls at a time")
     ap.add_argument("--timeout", type=float, default=1500.0, help="seconds to wait for the jobs")
     ap.add_argument("--variant", default="", help="a label for the result (e.g. baseline)")
+    ap.add_argument("--keep-logs", default=None, help="copy the cluster's logs here at the end")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prolog-burst.md"),
                     help="the markdown result (empty: none)")
     a = ap.parse_args()
@@ -140,7 +144,7 @@ def main() -> None:
         c.up(timeout=120, fresh=True)
         out = run(c, a.jobs, a.oom, a.submitters, a.timeout)
     finally:
-        c.down()
+        c.down(keep_logs=Path(a.keep_logs) if a.keep_logs else None)
     out["variant"] = a.variant
     s = out["prolog"]
     assert isinstance(s, dict)
