@@ -49,10 +49,12 @@ from types import FrameType
 
 from slurm_colloc import procfs
 from slurm_colloc.config import CollocConfig
+from slurm_colloc.detach import spawn_module
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuSample
 from slurm_colloc.metrics import enforce, liveness, spawn, store
 from slurm_colloc.metrics.attribution import Attributor, JobTag, start_ticks
 from slurm_colloc.metrics.guard import Failures
+from slurm_colloc.mps import missed_epilogs
 from slurm_colloc.mps.control import STATE_FILE, DaemonIdentity
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.mps.v3 import V3_DIR
@@ -563,6 +565,17 @@ def _chores(cfg: CollocConfig, c: Collector, due: dict[str, float]) -> None:
         due["replay"] = now + spool.REPLAY_EVERY_S
         c._guarded("record replay",
                    lambda: spool.kick(spool.spool_dir_of(cfg.evidence_dir), dict(os.environ)))
+    if now >= due.get("late-epilog", 0.0):
+        due["late-epilog"] = now + missed_epilogs.LOOK_EVERY_S
+        c._guarded("late epilog", lambda: _late_epilogs(cfg))
+
+
+def _late_epilogs(cfg: CollocConfig) -> None:
+    """Issue 28: start the late epilog (detached, root) when root's state holds saved
+    job contexts no epilog consumed that are due a look (no Slurm question here)."""
+    if missed_epilogs.due(cfg.mps_root, missed_epilogs.state_dir(cfg.evidence_dir),
+                          time.time()):
+        spawn_module(missed_epilogs.LATE_EPILOG_MODULE, (), dict(os.environ))
 
 
 def _prune(cfg: CollocConfig, c: Collector) -> None:

@@ -184,13 +184,17 @@ def task_prolog_main(env: Mapping[str, str]) -> int:
 
 
 def epilog_main(env: Mapping[str, str]) -> int:
-    """Epilog: see :mod:`slurm_colloc.node.epilog`."""
-    from slurm_colloc.node import epilog
+    """Epilog: see :mod:`slurm_colloc.node.epilog`. It holds the job's lock against a
+    late epilog of the same job (:mod:`slurm_colloc.node.epilog_once`, issue 28)."""
+    from slurm_colloc.node import epilog, epilog_once
 
     def body(cfg: cfgmod.CollocConfig, adapter: SlurmCli, log: Any) -> str:
         job_id, _ = jobmod.ids_from_env(env)
-        released = epilog.release_first(job_id, cfg)  # before any controller call
-        ctx = epilog_context(env, cfg, adapter)
-        return epilog.run(ctx, cfg, adapter, log, released).summary()
+        with epilog_once.slurmd_epilog(cfg, job_id) as not_here:
+            if not_here is not None:
+                return not_here
+            released = epilog.release_first(job_id, cfg)  # before any controller call
+            ctx = epilog_context(env, cfg, adapter)
+            return epilog.run(ctx, cfg, adapter, log, released).summary()
 
     return _run_root_script("epilog", env, body, "nothing requeued")
