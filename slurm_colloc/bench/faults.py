@@ -46,10 +46,10 @@ from slurm_colloc import config as cfgmod
 from slurm_colloc.accounting.field import record_in
 from slurm_colloc.accounting.newest import attempt_numbers
 from slurm_colloc.accounting.spool import spool_dir_of
+from slurm_colloc.bench.burst import percentile, prolog_runs
 from slurm_colloc.devcluster import daemons
 from slurm_colloc.devcluster.cluster import Cluster
 from slurm_colloc.metrics import liveness
-from slurm_colloc.node.timing import parse_timing
 from slurm_colloc.slurm.adapter import TERMINAL_STATES, SlurmCli, SlurmError, by_start, job_state
 
 DAEMON_KINDS = ("slurmctld", "slurmdbd", "mariadb", "slurmd")
@@ -154,15 +154,6 @@ class Outcome:
                 and self.recovery_s is not None and enforced)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, int(-(-q * len(s) // 100)) - 1))
-    return s[k]
-
-
 def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
 
@@ -186,15 +177,7 @@ def table(outcomes: list[Outcome]) -> str:
 
 def prolog_times(log_text: str, jobs: Iterable[int]) -> list[float]:
     """Wall seconds of every prolog of ``jobs`` found in colloc's node log."""
-    wanted = {str(j) for j in jobs}
-    out = []
-    for line in log_text.splitlines():
-        m = re.search(r"\bprolog: job (\d+): ", line)
-        if m and m.group(1) in wanted:
-            t = parse_timing(line)
-            if t is not None:
-                out.append(t[0])
-    return out
+    return [r.wall_s for r in prolog_runs(log_text.splitlines(), jobs)]
 
 
 def wait_until(cond: Callable[[], bool], what: str, timeout: float, step: float = 0.3) -> float:
