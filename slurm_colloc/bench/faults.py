@@ -442,8 +442,15 @@ class Suite:
         return False
 
     def _restarts(self, job: int) -> int:
-        v = self._info(job).get("Restarts", "0")
-        return int(v) if str(v).isdigit() else 0
+        """Slurm's restart count; from accounting's rows (one per attempt, ``sacct -D``)
+        once slurmctld has forgotten the job (a long outage outlasts ``MinJobAge``)."""
+        v = str(self._info(job).get("Restarts", ""))
+        if v.isdigit():
+            return int(v)
+        try:
+            return max(0, len(self.slurm.accounting([job])) - 1)
+        except SlurmError:
+            return 0
 
     def _settled(self, oom: int, jobs: list[int]) -> bool:
         try:
