@@ -163,7 +163,10 @@ def test_an_oom_recovery_runs_ahead_of_jobs_queued_before_it(
     jobs = list(blockers)
     try:
         _wait_running(slurm, blockers)
-        oom = sbatch(cluster, workdir, "colloc-simjob --mem 2G --peak 9G --peak-at 0.3 --seconds 2",
+        # it OOMs about 5 s in: long enough for the holder to start beside it and the
+        # queued jobs to be submitted first (at 0.6 s in, CI on 24.11 saw the holder
+        # start only after the OOM)
+        oom = sbatch(cluster, workdir, "colloc-simjob --mem 2G --peak 9G --peak-at 0.6 --seconds 8",
                      "--gres=shard:6")
         holder = sbatch(cluster, workdir, "sleep 25", "--gres=shard:30")
         jobs += [oom, holder]
@@ -320,7 +323,12 @@ def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
     as Volta+ MPS does it). Both jobs show the same illegal-address error; both are
     requeued on a GPU of their own; the culprit faults again alone and stops there,
     the victim completes."""
-    body = f"{SHOW_ENV}\necho attempt=${{SLURM_RESTART_COUNT:-0}}\n"
+    # each attempt's environment in a file of its own: the job's output file is shared
+    # by stdout and stderr, and the kept evidence is its tail (CI on 24.11 once kept no
+    # LIMIT= line)
+    env_file = f"{workdir}/env-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}.txt"
+    body = (f"{SHOW_ENV}\n{SHOW_ENV} > {env_file}\n"
+            "echo attempt=${SLURM_RESTART_COUNT:-0}\n")
     with _one_gpu_with_room(cluster, slurm, workdir):
         victim = sbatch(cluster, workdir, body + "colloc-simjob --mem 2G --seconds 12",
                         "--gres=shard:8")
@@ -340,7 +348,7 @@ def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
         kept = "".join(p.read_text() for p in (Path(cfg.evidence_dir) / str(job) / "attempt0")
                        .iterdir())
         assert "CUDA error: an illegal memory access was encountered" in kept, job
-        env = next(ln for ln in kept.splitlines() if ln.startswith("LIMIT="))
+        env = (workdir / f"env-{job}-0.txt").read_text().strip()
         servers.add(env.split(" ", 1)[1])  # "PIPE=<dir of the GPU's MPS daemon> GPU=<n>"
     assert len(servers) == 1, servers  # both were clients of one MPS server
     log = (cluster.layout.log / "colloc.log").read_text()
