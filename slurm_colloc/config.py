@@ -289,7 +289,9 @@ class CollocConfig:
     (peaks kept) and the sampling stride doubles, so a long job stays bounded."""
     collector_idle_exit_s: float = 600.0
     """The node collector exits after this long without any GPU job on the node
-    (the next prolog starts it again)."""
+    (the next prolog starts it again). It stays while root's spool holds records
+    accounting has not confirmed (at most a week old) or a job's epilog is owed, so
+    they are replayed once slurmdbd or slurmctld is back (issue 28)."""
     collector_unit: str = ""
     """Name of the systemd unit that runs the node collector (``colloc admin
     collector-unit --install`` writes ``colloc-collector.service``), or empty: no unit.

@@ -47,6 +47,9 @@ MAX_RECORD_BYTES = 65536
 MAX_ERR_BYTES = 512
 REPLAY_EVERY_S = 60.0
 """How often the collector's loop kicks a replay while the spool holds records."""
+STAY_FOR_S = 7 * 86400.0
+"""The collector stays up (:func:`holds_work`) for spool entries at most this old:
+a week of accounting outage; older ones wait for the next job's prolog or epilog."""
 _NAME = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,6}))?\.adminc(\.failed)?")
 """``<job>.<attempt>.adminc``; ``<job>.adminc`` and ``.failed`` are left by writers
 before issue 28 and replayed too (attempt unknown)."""
@@ -177,6 +180,14 @@ def entries(spool_dir: Path, limit: int | None = None) -> list[Entry]:
             found.append(Entry(int(m.group(1)), attempt, Path(item.path), st.st_mtime))
     found.sort(key=lambda e: (e.mtime, e.job_id, -1 if e.attempt is None else e.attempt))
     return found if limit is None else found[:limit]
+
+
+def holds_work(spool_dir: Path, now: float | None = None) -> bool:
+    """Whether the spool holds a record younger than :data:`STAY_FOR_S`: the node's
+    collector stays up to replay it (issue 28: slurmdbd away past the collector's idle
+    exit left records no one replayed)."""
+    t = time.time() if now is None else now
+    return any(e.age(t) <= STAY_FOR_S for e in entries(spool_dir))
 
 
 # ------------------------------------------------------------------ the lock ---

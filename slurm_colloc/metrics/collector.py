@@ -27,7 +27,8 @@ second copy exits at once, and runs this module's sampling loop as a worker, res
 when it dies or stalls; a worker whose supervisor is killed starts a new one
 (:mod:`.spawn`). No exception of a step ends the loop (see :meth:`Collector.step`).
 It exits by itself after ``collector_idle_exit_s`` without GPU jobs (and none in root's
-MPS bookkeeping), except with ``--stay``: under the systemd unit (``collector_unit``,
+MPS bookkeeping, no record in root's spool, no epilog owed: :func:`work_left`), except
+with ``--stay``: under the systemd unit (``collector_unit``,
 :mod:`slurm_colloc.node.collector_start`) it stays up and systemd restarts it if it
 dies. It prunes job directories older than ``metrics_retention_days`` once
 an hour.
@@ -108,6 +109,8 @@ class Collector:
         self._servers_seen: set[tuple[int, int]] = set()  # (pid, ticks) logged as servers
         self._tenancy_cache: dict[tuple[int, int], list[int]] = {}
         self.last_job_seen = clock()
+        self.staying_for: str | None = None
+        """Why it last stayed past ``collector_idle_exit_s`` (:func:`work_left`), logged once."""
         self.enforcer = enforcer or enforce.Enforcer(cfg, clock=clock)
         self.failures = Failures(log)
         self._slurm_of: dict[int, int] | None = None
@@ -473,10 +476,40 @@ def _jobs_registered(cfg: CollocConfig) -> bool:
         return True  # unknown: stay
 
 
+def work_left(cfg: CollocConfig, now: float | None = None) -> str | None:
+    """Why the collector must stay though no GPU job is seen (None: nothing to do).
+
+    Issue 28: with slurmdbd away longer than ``collector_idle_exit_s`` and no new job
+    on the node, an idled-out collector left 3 records in root's spool after slurmdbd
+    came back: nothing replayed them. So it stays while the spool holds a record
+    (:func:`slurm_colloc.accounting.spool.holds_work`: bounded by the entries' age)
+    or a saved job context says an epilog is owed and not given up
+    (:func:`slurm_colloc.mps.missed_epilogs.owed`). Only root's files are read.
+    """
+    from slurm_colloc.accounting import spool
+
+    t = time.time() if now is None else now
+    if _jobs_registered(cfg):
+        return "jobs registered"
+    try:
+        if spool.holds_work(spool.spool_dir_of(cfg.evidence_dir), t):
+            return "records in root's spool"
+        if missed_epilogs.owed(cfg.mps_root, missed_epilogs.state_dir(cfg.evidence_dir), t):
+            return "an epilog owed"
+    except OSError:
+        return "root's state unreadable"
+    return None
+
+
 def _idle(cfg: CollocConfig, c: Collector) -> bool:
-    """No GPU job seen for ``collector_idle_exit_s`` and none registered: time to go."""
-    return (not c.open and c.clock() - c.last_job_seen > cfg.collector_idle_exit_s
-            and not _jobs_registered(cfg))
+    """No GPU job seen for ``collector_idle_exit_s`` and no work left: time to go."""
+    if c.open or c.clock() - c.last_job_seen <= cfg.collector_idle_exit_s:
+        return False
+    why = work_left(cfg)
+    if why is not None and why != c.staying_for:
+        log.info("no GPU jobs for %.0fs, staying: %s", cfg.collector_idle_exit_s, why)
+    c.staying_for = why
+    return why is None
 
 
 def serve(cfg: CollocConfig, backend: GpuBackend, *, max_seconds: float | None = None,

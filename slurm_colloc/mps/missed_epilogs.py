@@ -203,6 +203,13 @@ def due(mps_root: str | os.PathLike[str], sdir: Path, now: float) -> dict[int, f
     return out
 
 
+def owed(mps_root: str | os.PathLike[str], sdir: Path, now: float) -> bool:
+    """Whether a saved context (older than :data:`MIN_CTX_AGE_S`) still waits for an
+    epilog the watcher has not given up: the node's collector stays up for it."""
+    return any(not gave_up(sdir, job, mtime)
+               for job, mtime in saved_contexts(mps_root, now).items())
+
+
 KEEP_MARKERS_S = 7 * 86400.0
 """``<job>.late`` and ``<job>.gaveup`` are kept this long, then removed (bounded)."""
 

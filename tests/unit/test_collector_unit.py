@@ -276,6 +276,7 @@ class _NoGpus:
 
 def test_stay_keeps_the_collector_up_with_no_jobs(tmp_path: Path) -> None:
     cfg = CollocConfig(metrics_dir=str(tmp_path / "m"), mps_root=str(tmp_path / "mps"),
+                       evidence_dir=str(tmp_path / "state" / "evidence"),
                        sample_interval_s=0.05, collector_idle_exit_s=0.0)
     t0 = time.monotonic()
     assert serve(cfg, _NoGpus(), max_seconds=5.0) == 0  # type: ignore[arg-type]
@@ -283,6 +284,62 @@ def test_stay_keeps_the_collector_up_with_no_jobs(tmp_path: Path) -> None:
     t0 = time.monotonic()
     assert serve(replace(cfg), _NoGpus(), max_seconds=0.6, stay=True) == 0  # type: ignore[arg-type]
     assert time.monotonic() - t0 >= 0.55  # stayed until told
+
+
+def test_the_collector_stays_while_roots_spool_holds_records(tmp_path: Path) -> None:
+    """Issue 28: slurmdbd away past ``collector_idle_exit_s`` with no new job on the node
+    left records in root's spool that nothing replayed after slurmdbd came back: the
+    collector had idled out. It stays while the spool holds one, and goes once it is
+    written (or older than a week)."""
+    import os
+
+    from slurm_colloc.accounting import spool
+
+    cfg = CollocConfig(metrics_dir=str(tmp_path / "m"), mps_root=str(tmp_path / "mps"),
+                       evidence_dir=str(tmp_path / "state" / "evidence"),
+                       sample_interval_s=0.05, collector_idle_exit_s=0.0)
+    sdir = spool.spool_dir_of(cfg.evidence_dir)
+    sdir.mkdir(parents=True)
+    entry = spool.write_entry(sdir, 41, 0, "cl1:abc")
+    t0 = time.monotonic()
+    assert serve(cfg, _NoGpus(), max_seconds=0.8) == 0  # type: ignore[arg-type]
+    assert time.monotonic() - t0 >= 0.75  # stayed for the record
+    old = time.time() - spool.STAY_FOR_S - 60
+    os.utime(entry, (old, old))
+    t0 = time.monotonic()
+    assert serve(cfg, _NoGpus(), max_seconds=5.0) == 0  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 2.0  # a week old: left to the next job's scripts
+    entry.unlink()
+    assert serve(cfg, _NoGpus(), max_seconds=5.0) == 0  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_the_collector_stays_while_an_epilog_is_owed(tmp_path: Path) -> None:
+    """A saved job context no epilog consumed (slurmd killed during the epilog) keeps
+    the collector up: its loop starts the late epilog (docs/admin.md 3.9); given up
+    (``<job>.gaveup``), it no longer does."""
+    import os
+
+    from slurm_colloc.metrics.collector import work_left
+    from slurm_colloc.mps import missed_epilogs
+
+    cfg = CollocConfig(metrics_dir=str(tmp_path / "m"), mps_root=str(tmp_path / "mps"),
+                       evidence_dir=str(tmp_path / "state" / "evidence"),
+                       sample_interval_s=0.05, collector_idle_exit_s=0.0)
+    assert work_left(cfg) is None
+    ctx = Path(cfg.mps_root) / "ctx" / "77.json"
+    ctx.parent.mkdir(parents=True)
+    ctx.write_text("{}")
+    old = time.time() - missed_epilogs.MIN_CTX_AGE_S - 5
+    os.utime(ctx, (old, old))
+    assert work_left(cfg) == "an epilog owed"
+    t0 = time.monotonic()
+    assert serve(cfg, _NoGpus(), max_seconds=0.6) == 0  # type: ignore[arg-type]
+    assert time.monotonic() - t0 >= 0.55
+    sdir = missed_epilogs.state_dir(cfg.evidence_dir)
+    sdir.mkdir(parents=True)
+    (sdir / "77.gaveup").write_text(repr(ctx.stat().st_mtime))
+    assert work_left(cfg) is None
 
 
 def test_stay_waits_for_the_lock_a_prolog_started_collector_holds(tmp_path: Path) -> None:
@@ -317,6 +374,7 @@ def test_the_real_collector_with_stay_does_not_idle_out(tmp_path: Path) -> None:
     conf.write_text(f'gpu_backend = "sim"\nsim_state_dir = "{cfg.sim_state_dir}"\n'
                     f'metrics_dir = "{cfg.metrics_dir}"\nlog_file = "{tmp_path / "c.log"}"\n'
                     f'mps_root = "{tmp_path / "mps"}"\nsample_interval_s = 0.1\n'
+                    f'evidence_dir = "{cfg.evidence_dir}"\n'
                     "collector_idle_exit_s = 0.1\n")
     env = {"PATH": os.environ["PATH"], "COLLOC_CONF": str(conf)}
     cwd = str(Path(__file__).resolve().parents[2])

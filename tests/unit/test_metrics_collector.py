@@ -45,7 +45,8 @@ def make(tmp_path: Path, gpus: int = 2) -> tuple[CollocConfig, SimBackend, Path]
     state = tmp_path / "sim"
     init_state(state, gpu_count=gpus, memory_mib=40960)
     cfg = CollocConfig(gpu_backend="sim", sim_state_dir=str(state),
-                       metrics_dir=str(tmp_path / "metrics"), metrics_max_rows=16)
+                       metrics_dir=str(tmp_path / "metrics"), metrics_max_rows=16,
+                       evidence_dir=str(tmp_path / "state" / "evidence"))
     return cfg, SimBackend(state), state
 
 
