@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "slurm_colloc"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"units", "procfs", "config", "__version__", "__init__", "detach", "safe_tree",
-               "owner_read", "log_escape", "log_handlers", "estimators", "hostlist",
+    frozenset({"units", "procfs", "waits", "config", "__version__", "__init__", "detach",
+               "safe_tree", "owner_read", "log_escape", "log_handlers", "estimators", "hostlist",
                "gpu_settings"}),
     frozenset({"slurm", "gpu", "oom", "mps"}),
     frozenset({"accounting"}),

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_colloc import procfs
+from slurm_colloc import procfs, waits
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
@@ -354,10 +354,11 @@ class MpsDaemon:
         with contextlib.suppress(FileNotFoundError):
             (self.pipe_dir / CONTROL_SOCKET).unlink()
         try:
-            cp = subprocess.run(
-                [self.binary, "-d"], env=self._env(), capture_output=True, text=True,
-                timeout=timeout, check=False, stdin=subprocess.DEVNULL, cwd="/",
-            )
+            with waits.timed("mps start"):
+                cp = subprocess.run(
+                    [self.binary, "-d"], env=self._env(), capture_output=True, text=True,
+                    timeout=timeout, check=False, stdin=subprocess.DEVNULL, cwd="/",
+                )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsControlError(f"{self.binary} -d: {e}") from e
         if cp.returncode != 0:
@@ -421,10 +422,11 @@ class MpsDaemon:
             raise MpsControlError(
                 f"MPS control socket in {self.pipe_dir} is not our daemon's: not used")
         try:
-            cp = subprocess.run(
-                [self.binary], input="".join(f"{ln}\n" for ln in lines), env=self._env(),
-                capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
-            )
+            with waits.timed("mps control"):
+                cp = subprocess.run(
+                    [self.binary], input="".join(f"{ln}\n" for ln in lines), env=self._env(),
+                    capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
+                )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsControlError(f"{self.binary}: {e}") from e
         if cp.returncode != 0:

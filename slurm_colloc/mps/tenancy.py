@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_colloc import safe_tree
+from slurm_colloc import safe_tree, waits
 
 LOCK_TIMEOUT_S = 60.0
 """Longest a prolog/epilog waits for a GPU's lock; every holder's work is bounded
@@ -99,12 +99,22 @@ def _flocked(path: Path, what: str, timeout: float) -> Iterator[None]:
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        if not _wait_flock(fd, timeout):
+        with waits.timed(_wait_name(what)):
+            taken = _wait_flock(fd, timeout)
+        if not taken:
             raise TenancyError(
                 f"{what}: lock held for over {timeout:.0f}s by another prolog/epilog")
         yield
     finally:
         os.close(fd)
+
+
+def _wait_name(what: str) -> str:
+    """The tally's name of a lock's wait: ``GPU 0`` -> "gpu lock", ``GPU 0 user 5 cap``
+    -> "cap lock", the node's -> "node lock" (per kind, not per GPU)."""
+    if what.endswith(" cap"):
+        return "cap lock"
+    return "gpu lock" if what.startswith("GPU ") else "node lock"
 
 
 class _LockTimeout(Exception):

@@ -2,9 +2,12 @@
 
 Every colloc Prolog and Epilog log line ends in ``[took W s, cpu C s]``: the wall time
 from the script's start to its decision, and the CPU seconds it and its children
-(squeue, nvidia-smi, nvidia-cuda-mps-control) used. Slurm runs a node's prologs
-concurrently and a job does not start until its prolog ends, so these two figures are
-what a burst costs a job (issue 28: prolog p50/p99 under a burst and under faults).
+(squeue, nvidia-smi, nvidia-cuda-mps-control) used, then the named waits that took
+longer than :data:`SHOWN_WAIT_S` (the controller, root's locks, the cap commit:
+:mod:`slurm_colloc.waits`), so wall time far above CPU says what it waited for.
+Slurm runs a node's prologs concurrently and a job does not start until its prolog
+ends, so these figures are what a burst costs a job (issue 28: prolog p50/p99 under
+a burst and under faults).
 The fault-injection benchmark and the burst benchmark read them back with
 :func:`parse_timing`; an admin reads them in the log.
 """
@@ -16,7 +19,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
-_SUFFIX = re.compile(r"\[took (\d+(?:\.\d+)?) s, cpu (\d+(?:\.\d+)?) s\]\s*$")
+from slurm_colloc import waits
+
+_SUFFIX = re.compile(r"\[took (\d+(?:\.\d+)?) s, cpu (\d+(?:\.\d+)?) s(?:; [^\]]*)?\]\s*$")
+SHOWN_WAIT_S = 0.05
+"""Waits shorter than this are left out of the suffix."""
 
 
 def _cpu() -> float:
@@ -30,12 +37,17 @@ class Stopwatch:
 
     wall0: float = field(default_factory=time.monotonic)
     cpu0: float = field(default_factory=_cpu)
+    waits0: dict[str, float] = field(default_factory=waits.snapshot)
 
     def suffix(self) -> str:
-        """``[took 0.41 s, cpu 0.27 s]``."""
+        """``[took 0.41 s, cpu 0.27 s]``, with the named waits of at least
+        :data:`SHOWN_WAIT_S` since the start (:mod:`slurm_colloc.waits`):
+        ``[took 9.41 s, cpu 0.03 s; controller 0.40 s, gpu lock 8.70 s]``."""
         wall = time.monotonic() - self.wall0
         cpu = _cpu() - self.cpu0
-        return f"[took {wall:.2f} s, cpu {cpu:.2f} s]"
+        spent = {k: v - self.waits0.get(k, 0.0) for k, v in waits.snapshot().items()}
+        shown = "".join(f", {k} {v:.2f} s" for k, v in spent.items() if v >= SHOWN_WAIT_S)
+        return f"[took {wall:.2f} s, cpu {cpu:.2f} s{'; ' + shown[2:] if shown else ''}]"
 
 
 def parse_timing(line: str) -> tuple[float, float] | None:

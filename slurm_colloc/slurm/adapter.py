@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from slurm_colloc import waits
 from slurm_colloc.slurm import sacct_json
 from slurm_colloc.slurm.data_parser import JSON_FLAG
 from slurm_colloc.slurm.records import SACCT_FIELDS, AccountingRecord, SlurmError
@@ -314,15 +315,16 @@ class SlurmCli(SlurmAdapter):
         argv = [self._tool(tool), *args]
         limit = self._timeout if timeout is None else timeout
         try:
-            cp = subprocess.run(
-                argv,
-                input=input_text,
-                capture_output=True,
-                text=True,
-                env=self._env,
-                timeout=limit,
-                check=False,
-            )
+            with waits.timed(tool):  # e.g. "squeue 0.40 s" in a node script's log line
+                cp = subprocess.run(
+                    argv,
+                    input=input_text,
+                    capture_output=True,
+                    text=True,
+                    env=self._env,
+                    timeout=limit,
+                    check=False,
+                )
         except subprocess.TimeoutExpired as e:
             raise SlurmError(f"{' '.join(argv)}: timed out after {limit:.0f}s") from e
         if check and cp.returncode != 0:

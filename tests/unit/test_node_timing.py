@@ -32,3 +32,34 @@ def test_parse_timing_round_trips(wall: float, cpu: float) -> None:
 def test_lines_without_the_suffix_are_not_timed() -> None:
     assert timing.parse_timing("job 7: shared gpu=0") is None
     assert timing.parse_timing("[took 1 s, cpu 1 s] and then more") is None
+
+
+def test_the_suffix_names_what_the_script_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 28: a burst's prolog took seconds of wall for 0.03 s of CPU and its line
+    did not say why. Root's lock waits and the Slurm/MPS calls are tallied
+    (:mod:`slurm_colloc.waits`) and the suffix names those of at least 0.05 s; the line
+    still parses."""
+    import fcntl
+    import os
+    import threading
+
+    from slurm_colloc import waits
+    from slurm_colloc.mps.tenancy import Tenancy
+
+    waits.reset()
+    tenancy = Tenancy(tmp_path / "mps")
+    with tenancy.locked(0):
+        pass  # creates the lock file
+    holder = os.open(tenancy.gpu_dir(0) / "lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    threading.Timer(0.3, os.close, (holder,)).start()
+    watch = timing.Stopwatch()
+    with tenancy.locked(0):  # waits ~0.3 s for the holder
+        pass
+    with waits.timed("squeue"):
+        time.sleep(0.01)  # too short to be shown
+    line = f"job 7: shared gpu=0 {watch.suffix()}"
+    assert "; gpu lock 0." in line and "squeue" not in line
+    got = timing.parse_timing(line)
+    assert got is not None and got[0] >= 0.25
+    assert timing.Stopwatch().suffix().endswith(" s]")  # a fresh watch: no waits shown
