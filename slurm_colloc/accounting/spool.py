@@ -9,13 +9,18 @@ record. Now:
   of Slurm, whole or not at all (temporary file, ``fsync``, rename, ``fsync`` of the
   directory), in root's state directory (next to the evidence, never ``/run``), so
   it survives a crash or a reboot;
-* a file is removed only once accounting is read back holding its attempts
-  (:mod:`slurm_colloc.node.record_writer`); nothing is ever given up;
+* a file is never removed on the strength of one read-back: once accounting holds
+  it, it is renamed ``<job>.<attempt>.adminc.confirming`` (written, confirming) and
+  kept until slurmctld no longer holds the job, or :data:`CONFIRM_MAX_S` (issue 28:
+  slurmctld, restarted, re-sent a job with its own AdminComment and replaced a
+  record colloc had written and read back; the writer rewrites such a record from
+  the confirming entry, :mod:`slurm_colloc.node.record_writer`); nothing is ever
+  given up;
 * whatever runs next on the node replays it: the prolog, the epilog and the
   collector's loop call :func:`kick`, which starts the node's one writer (under its
   lock, non-blocking) when the spool holds anything;
 * the replayer notes why an entry is still here in ``<name>.err`` (what
-  ``colloc admin records`` shows).
+  ``colloc admin records`` shows, confirming entries apart from pending ones).
 
 The layer sits below ``node`` and ``metrics`` so that both can kick a replay; the
 writer itself is started by module name.
@@ -40,6 +45,11 @@ LOCK_NAME = "writer.lock"
 """The writer's lock in the spool directory (root 0600)."""
 SUFFIX = ".adminc"
 ERR_SUFFIX = ".err"
+CONFIRM_SUFFIX = ".confirming"
+"""A record written and read back, kept until slurmctld has forgotten its job."""
+CONFIRM_MAX_S = 3600.0
+"""The longest a written record is kept confirming (slurmctld never answering, or a
+site's ``MinJobAge`` over an hour)."""
 MAX_SCAN = 10000
 """Spool entries listed at most per look."""
 MAX_RECORD_BYTES = 65536
@@ -50,9 +60,10 @@ REPLAY_EVERY_S = 60.0
 STAY_FOR_S = 7 * 86400.0
 """The collector stays up (:func:`holds_work`) for spool entries at most this old:
 a week of accounting outage; older ones wait for the next job's prolog or epilog."""
-_NAME = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,6}))?\.adminc(\.failed)?")
-"""``<job>.<attempt>.adminc``; ``<job>.adminc`` and ``.failed`` are left by writers
-before issue 28 and replayed too (attempt unknown)."""
+_NAME = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,6}))?\.adminc(\.failed|\.confirming)?")
+"""``<job>.<attempt>.adminc``, or ``….adminc.confirming`` once written; ``<job>.adminc``
+and ``.failed`` are left by writers before issue 28 and replayed too (attempt
+unknown)."""
 
 
 def spool_dir_of(evidence_dir: str) -> Path:
@@ -76,9 +87,13 @@ class Entry:
     """None for a spool file from before issue 28 (named per job)."""
     path: Path
     mtime: float
+    """When it was spooled; for a confirming entry, when it was (last) written."""
+    confirming: bool = False
+    """Written and read back; kept until slurmctld has forgotten the job
+    (:func:`mark_written`)."""
 
     def age(self, now: float | None = None) -> float:
-        """Seconds since it was spooled."""
+        """Seconds since it was spooled (a confirming one: since it was written)."""
         return max(0.0, (time.time() if now is None else now) - self.mtime)
 
     @property
@@ -135,10 +150,33 @@ def note_error(entry: Entry, why: str) -> None:
 
 
 def remove(entry: Entry) -> None:
-    """Forget ``entry`` (after accounting was read back holding it)."""
+    """Forget ``entry`` (accounting holds it and slurmctld has forgotten the job)."""
     for p in (entry.path, entry.err_path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(p)
+
+
+def mark_written(entry: Entry, now: float | None = None) -> Entry | None:
+    """Keep ``entry``, written and read back, as ``<name>.confirming`` (its mtime the
+    time written) until slurmctld forgets the job; the confirming entry, or None
+    when it is gone (another replayer) or could not be renamed (then it is removed:
+    the behaviour before confirming entries). A pending entry of the same attempt
+    that is confirming already replaces it (the newer text)."""
+    base = entry_path(entry.path.parent, entry.job_id, entry.attempt)
+    dest = base.with_name(base.name + CONFIRM_SUFFIX)
+    t = time.time() if now is None else now
+    try:
+        if entry.path != dest:
+            os.replace(entry.path, dest)
+        os.utime(dest, (t, t), follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        remove(entry)
+        return None
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(entry.err_path)
+    return Entry(entry.job_id, entry.attempt, dest, t, confirming=True)
 
 
 def read_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
@@ -163,7 +201,7 @@ def read_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
 
 
 def entries(spool_dir: Path, limit: int | None = None) -> list[Entry]:
-    """Pending records, the oldest first (at most ``limit``)."""
+    """Spooled records, pending and confirming, the oldest first (at most ``limit``)."""
     found: list[Entry] = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(spool_dir) as it:
         for n, item in enumerate(it):
@@ -177,7 +215,8 @@ def entries(spool_dir: Path, limit: int | None = None) -> list[Entry]:
             except OSError:
                 continue
             attempt = int(m.group(2)) if m.group(2) is not None else None
-            found.append(Entry(int(m.group(1)), attempt, Path(item.path), st.st_mtime))
+            found.append(Entry(int(m.group(1)), attempt, Path(item.path), st.st_mtime,
+                               confirming=m.group(3) == CONFIRM_SUFFIX))
     found.sort(key=lambda e: (e.mtime, e.job_id, -1 if e.attempt is None else e.attempt))
     return found if limit is None else found[:limit]
 
@@ -230,8 +269,10 @@ Spawner = Callable[..., None]
 
 def kick(spool_dir: Path, env: Mapping[str, str], *, job_id: int = 0,
          spawner: Spawner = spawn_module, extra: Sequence[str] = ()) -> bool:
-    """Start the node's writer detached when the spool holds records and none runs;
-    True when one was started. Never blocks: a held lock means a writer is at work.
+    """Start the node's writer detached when the spool holds records (pending or
+    confirming) and none runs; True when one was started. Never blocks: a held lock
+    means a writer is at work. The collector's call every :data:`REPLAY_EVERY_S`
+    brings the writer back to re-read confirming entries.
 
     The lock is taken here and handed to the writer (an inherited descriptor), so no
     second one starts while the first starts up. OSError when the lock is not root's.

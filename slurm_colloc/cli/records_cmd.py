@@ -2,9 +2,11 @@
 
 Issue 28: while slurmdbd (or MariaDB) is away, every finished attempt's record waits
 in root's spool on its node (:mod:`slurm_colloc.accounting.spool`) until accounting
-is read back holding it. This lists those entries (job, attempt, age, why still
-pending) and, with ``--replay``, runs the node's writer once, now, in the foreground.
-Run it as root on a compute node.
+is read back holding it, and a record written and read back is kept *confirming*
+until slurmctld has forgotten its job (a restarted slurmctld can re-send the job and
+replace it). This lists those entries (job, attempt, age, state, why still there)
+and, with ``--replay``, runs the node's writer once, now, in the foreground. Run it
+as root on a compute node.
 """
 
 from __future__ import annotations
@@ -31,17 +33,23 @@ def _age(seconds: float) -> str:
 
 
 def listing(spool_dir: Path, now: float | None = None) -> list[str]:
-    """One line per pending entry, the oldest first, and a header; a line saying the
-    spool is empty otherwise."""
+    """One line per entry, the oldest first, and a header; a line saying the spool is
+    empty otherwise. STATE is ``pending`` (not yet in accounting) or ``confirming``
+    (written and read back, AGE since then; kept until slurmctld forgets the job)."""
     found = spoolmod.entries(spool_dir)
     if not found:
         return [f"no pending records in {spool_dir}"]
-    lines = [f"{len(found)} pending record(s) in {spool_dir}:",
-             f"{'JOB':>10} {'ATTEMPT':>7} {'AGE':>7}  LAST ERROR"]
+    confirming = sum(1 for e in found if e.confirming)
+    head = f"{len(found) - confirming} pending record(s) in {spool_dir}"
+    if confirming:
+        head += (f", {confirming} written and confirming (kept until slurmctld forgets "
+                 "the job)")
+    lines = [head + ":", f"{'JOB':>10} {'ATTEMPT':>7} {'AGE':>7} {'STATE':<10}  LAST NOTE"]
     for e in found:
         attempt = "?" if e.attempt is None else str(e.attempt)
         why = " ".join(e.last_error().split()) or "-"
-        lines.append(f"{e.job_id:>10} {attempt:>7} {_age(e.age(now)):>7}  {why}")
+        state = "confirming" if e.confirming else "pending"
+        lines.append(f"{e.job_id:>10} {attempt:>7} {_age(e.age(now)):>7} {state:<10}  {why}")
     return lines
 
 
@@ -61,7 +69,8 @@ def replay(spool_dir: Path, adapter: Any, cfg: config_mod.CollocConfig,
                                 max_bytes=cfg.admin_comment_max_bytes, max_rounds=1)
     finally:
         os.close(fd)
-    return n, f"{n} record(s) confirmed in accounting"
+    return n, (f"{n} record(s) read back in accounting (kept confirming until slurmctld "
+               "forgets the job)")
 
 
 @click.command("records")

@@ -10,9 +10,23 @@ found there is never replaced (:func:`write_verified`). So the epilog leaves the
 encoded text in root's spool (:mod:`slurm_colloc.accounting.spool`: one fsync'd
 ``<job>.<attempt>.adminc`` per attempt, requeued ones too, written before Slurm is
 asked anything) and makes sure a writer runs. The writer waits until slurmdbd has
-each job's end (``sacct``: slurmdbd, not slurmctld, so no load on the controller),
-writes with sacctmgr (the encoding survives its lowercasing), reads it back, and
-removes a spool file only once accounting was read back holding its attempts.
+each job's end (``sacct``: slurmdbd, not slurmctld, so no load on the controller;
+slurmctld is asked only about records written minutes ago, below), writes with
+sacctmgr (the encoding survives its lowercasing) and reads it back.
+
+**Written is not yet kept** (issue 28: with slurmctld SIGKILLed shortly after a job
+ended, its restart re-sent the job to slurmdbd with its own AdminComment, empty or
+the requeue's carry, replacing a record colloc had written and read back: 1 of 3
+records lost). A record read back in accounting is therefore not removed: its
+entry becomes *confirming* (``<name>.confirming``,
+:func:`slurm_colloc.accounting.spool.mark_written`) and every replay re-reads
+accounting for it (at most every :data:`CONFIRM_EVERY_S`, in the round's one
+``sacct``) and writes it again, merged as below, if it was replaced. It is removed
+once slurmctld no longer holds the job (one batched ``squeue --jobs`` per round,
+asked only for entries written :data:`CONFIRM_MIN_S` ago: Slurm's default
+``MinJobAge``; a controller that does not answer is never "forgotten") or after
+:data:`slurm_colloc.accounting.spool.CONFIRM_MAX_S`. A writer with nothing but
+confirming entries not yet due exits; the collector's kick brings one back.
 
 **Nothing is given up** (issue 28: slurmdbd and MariaDB away for four minutes lost
 4 of 6 records to a writer that gave up after ~36 s). A writer that cannot finish
@@ -85,6 +99,11 @@ MAX_PAUSE_S = 30.0
 REPLAY_EVERY_S = spoolmod.REPLAY_EVERY_S
 DIRECT_WAIT_S = 3600.0
 """How long an in-memory (``--direct``) record is tried: the node's disk was full."""
+CONFIRM_MIN_S = 300.0
+"""A written record is only re-read for this long (Slurm's default ``MinJobAge``)
+before slurmctld is asked whether it still holds the job."""
+CONFIRM_EVERY_S = spoolmod.REPLAY_EVERY_S
+"""How often one writer run re-reads a confirming entry."""
 RUN_S = WAIT_S + TRIES * MAX_PAUSE_S
 """One writer run's bound: what it could not settle by then waits for the next replay."""
 BATCH = 100
@@ -149,8 +168,10 @@ def _adopt_lock(fd: int, spool_dir: Path) -> int | None:
 
 
 def pending(spool_dir: Path) -> dict[tuple[int, int | None], Path]:
-    """Spooled records, the oldest :data:`BATCH` (by mtime), by (job, attempt)."""
-    return {(e.job_id, e.attempt): e.path for e in spoolmod.entries(spool_dir, BATCH)}
+    """Spooled records not yet written, the oldest :data:`BATCH` (by mtime), by (job,
+    attempt)."""
+    return {(e.job_id, e.attempt): e.path
+            for e in [e for e in spoolmod.entries(spool_dir) if not e.confirming][:BATCH]}
 
 
 def _read_record(path: Path) -> str:
@@ -241,6 +262,19 @@ class _Entry:
     next_try: float = 0.0
     looked: int = 0
     """The last round that looked at it (0: none yet in this run)."""
+    checked: float = 0.0
+    """When (monotonic) a round last looked at it."""
+
+
+def _due(e: Entry, state: dict[Path, _Entry], now: float) -> bool:
+    """Worth a look this round: a pending entry with tries left in this run, a
+    confirming one not re-read in the last :data:`CONFIRM_EVERY_S`."""
+    st = state.get(e.path)
+    if st is None:
+        return True
+    if e.confirming:
+        return now - st.checked >= CONFIRM_EVERY_S
+    return st.tries < TRIES
 
 
 def _batch(listed: list[Entry], state: dict[Path, _Entry]) -> list[Entry]:
@@ -259,12 +293,15 @@ def _batch(listed: list[Entry], state: dict[Path, _Entry]) -> list[Entry]:
 
 @dataclass
 class _Round:
-    """What one round knows: accounting's rows by job, the finished jobs, and why
-    sacct failed ("" when it answered)."""
+    """What one round knows: accounting's rows by job, the finished jobs, why sacct
+    failed ("" when it answered), and the jobs slurmctld still holds among those
+    asked about (None: not asked, or it did not answer)."""
 
     rows: dict[str, list[Any]]
     finished: set[int]
     error: str = ""
+    held: set[int] | None = None
+    asked: frozenset[int] = frozenset()
 
 
 def _texts(group: list[Entry], log: logging.LoggerAdapter[Any]) -> dict[Path, str]:
@@ -298,22 +335,76 @@ def _to_write(group: list[Entry], texts: dict[Path, str], have: JobRecord | None
     return text, settles
 
 
+def _holds(rows: list[Any], have: JobRecord | None, text: str, field: RecordField,
+           written: bool) -> bool:
+    """Accounting holds ``text``'s attempts; for a record written by us that does not
+    decode (no colloc token), accounting's field reads back as that text."""
+    want = try_decode(text)
+    if want is not None or not written:
+        return covers(have, want)
+    return any(str(r.fields.get(name, "") or "").lower() == text.lower()
+               for r in rows for name in read_order(field))
+
+
+def _keep(e: Entry, state: dict[Path, _Entry], seen: set[Path] | None) -> None:
+    """``e`` is in accounting: keep it confirming, not due again in this run's next
+    round (the next replay re-reads it)."""
+    kept = spoolmod.mark_written(e)
+    if kept is not None:
+        state[kept.path] = _Entry(time.monotonic(), checked=time.monotonic())
+        if seen is not None:
+            seen.add(kept.path)
+
+
+def _confirm(e: Entry, job: int, rnd: _Round, log: logging.LoggerAdapter[Any]) -> None:
+    """A confirming entry accounting still holds: removed once slurmctld has forgotten
+    the job (or after :data:`CONFIRM_MAX_S`), else noted."""
+    age = e.age()
+    if job in rnd.asked and rnd.held is not None and job not in rnd.held:
+        spoolmod.remove(e)
+        log.info("attempt %s confirmed: slurmctld no longer holds the job, spool entry "
+                 "removed", e.attempt)
+    elif age >= spoolmod.CONFIRM_MAX_S:
+        spoolmod.remove(e)
+        log.warning("attempt %s kept %.0f s after it was written (slurmctld still holds the "
+                    "job or did not answer): spool entry removed", e.attempt, age)
+    else:
+        why = ("slurmctld did not answer" if job in rnd.asked and rnd.held is None
+               else "slurmctld still holds the job" if job in rnd.asked
+               else f"re-read for {CONFIRM_MIN_S:.0f} s")
+        spoolmod.note_error(e, f"written {age:.0f} s ago, still in accounting; kept until "
+                               f"slurmctld forgets the job ({why})")
+
+
 def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round,
                 state: dict[Path, _Entry], log: logging.LoggerAdapter[Any], *,
-                wait: float, pause: float, field: RecordField, max_bytes: int) -> int:
+                wait: float, pause: float, field: RecordField, max_bytes: int,
+                seen: set[Path] | None = None) -> int:
     """Settle one job's spooled records as far as accounting allows; the number of
-    entries confirmed (removed)."""
+    entries written or found in accounting (kept confirming)."""
     texts = _texts(group, log)
     rows = rnd.rows.get(str(job), [])
     have, have_text = _have(rows, field)
     left = []
+    done = 0
     for e in group:
-        if e.path in texts and covers(have, try_decode(texts[e.path])):
-            spoolmod.remove(e)
-            log.info("attempt %s already in accounting: spool entry removed", e.attempt)
-        elif e.path in texts:
+        if e.path not in texts:
+            continue
+        if rnd.error and e.confirming:
+            spoolmod.note_error(e, f"written; not re-read: {rnd.error}")
+        elif not _holds(rows, have, texts[e.path], field, e.confirming):
+            if e.confirming:
+                log.warning("attempt %s: the record written %.0f s ago is no longer in "
+                            "accounting (slurmctld re-sent the job with its own copy?): "
+                            "writing it again", e.attempt, e.age())
             left.append(e)
-    done = len(group) - len(left) - (len(group) - len(texts))
+        elif e.confirming:
+            _confirm(e, job, rnd, log)
+        else:
+            _keep(e, state, seen)
+            done += 1
+            log.info("attempt %s already in accounting: kept until slurmctld forgets "
+                     "the job", e.attempt)
     if not left:
         return done
     now = time.monotonic()
@@ -327,7 +418,7 @@ def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round
     failed = write_verified(adapter, job, text, field, [r.fields for r in rows])
     if failed is None:
         for e in settles:
-            spoolmod.remove(e)
+            _keep(e, state, seen)
         log.info("written (%d bytes, attempts %s)", len(text),
                  ",".join("?" if e.attempt is None else str(e.attempt) for e in settles))
         return done + len(settles)
@@ -358,26 +449,31 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
     written, delay = 0, pause
     started, rounds = time.monotonic(), 0
     while True:
-        found = _batch([e for e in spoolmod.entries(spool_dir)
-                        if e.path not in state or state[e.path].tries < TRIES], state)
-        if not found or time.monotonic() - started > RUN_S:
-            return written
         now = time.monotonic()
+        found = _batch([e for e in spoolmod.entries(spool_dir) if _due(e, state, now)], state)
+        if not found or now - started > RUN_S:
+            return written
         fresh = any(e.path not in state for e in found)
         rounds += 1
         for e in found:
-            state.setdefault(e.path, _Entry(now - e.age())).looked = rounds
+            st = state.setdefault(e.path, _Entry(now - e.age()))
+            st.looked, st.checked = rounds, now
             if seen is not None:
                 seen.add(e.path)
         groups: dict[int, list[Entry]] = {}
         for e in found:
             groups.setdefault(e.job_id, []).append(e)
         rnd = _ask_round(adapter, list(groups))
+        if not rnd.error:
+            _ask_held(adapter, rnd, sorted({e.job_id for e in found if e.confirming
+                                            and e.age() >= CONFIRM_MIN_S}))
         before = written
         for job, group in groups.items():
             written += _replay_job(adapter, job, group, rnd, state, log_for(job), wait=wait,
-                                   pause=pause, field=field, max_bytes=max_bytes)
-        if not spoolmod.entries(spool_dir, 1) or rounds == max_rounds:
+                                   pause=pause, field=field, max_bytes=max_bytes, seen=seen)
+        now = time.monotonic()
+        if rounds == max_rounds or not any(_due(e, state, now)
+                                           for e in spoolmod.entries(spool_dir)):
             return written
         delay = pause if written > before or fresh else min(MAX_PAUSE_S, delay * 2)
         time.sleep(delay)
@@ -393,6 +489,18 @@ def _ask_round(adapter: SlurmAdapter, jobs: list[int]) -> _Round:
     for r in recs:
         rows.setdefault(r.job_id, []).append(r)
     return _Round(rows, _finished_in(rows, jobs))
+
+
+def _ask_held(adapter: SlurmAdapter, rnd: _Round, jobs: list[int]) -> None:
+    """Which of ``jobs`` slurmctld still holds (one ``squeue --jobs``), into ``rnd``;
+    an error leaves ``held`` None: never "forgotten" for "did not answer"."""
+    if not jobs:
+        return
+    rnd.asked = frozenset(jobs)
+    try:
+        rnd.held = set(adapter.jobs_among(jobs))
+    except SlurmError:
+        rnd.held = None
 
 
 def _finished_in(rows: Mapping[str, list[Any]], jobs: Iterable[int]) -> set[int]:

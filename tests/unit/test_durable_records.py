@@ -169,11 +169,13 @@ def test_both_attempts_pending_write_the_newest_once(spool: Path, clock: FakeClo
     settles the older entry too."""
     for order in ((0, 1), (1, 0)):
         dbd = Dbd(rows=2)
+        here = spool / f"order-{order[0]}"  # each order on a spool of its own
+        here.mkdir()
         for n in order:
-            spoolmod.write_entry(spool, JOB, n, REC_0 if n == 0 else REC_01)
-        assert record_writer.run_writer(spool, dbd, _log) == 2
+            spoolmod.write_entry(here, JOB, n, REC_0 if n == 0 else REC_01)
+        assert record_writer.run_writer(here, dbd, _log) == 2
         assert len(dbd.writes) == 1 and _attempts_in(dbd.writes[0]) == [0, 1]
-        assert _left(spool) == []
+        assert _left(here) == []
 
 
 def test_a_lost_carry_is_merged_back(spool: Path, clock: FakeClock) -> None:
@@ -331,11 +333,14 @@ def test_admin_listing_and_replay(spool: Path, clock: FakeClock) -> None:
     spoolmod.note_error(spoolmod.entries(spool)[0], "accounting unreachable: sacct: refused")
     lines = records_cmd.listing(spool)
     assert lines[0].startswith("1 pending record(s)")
-    assert lines[2].split()[:3] == [str(JOB), "1", "5m"]
+    assert lines[2].split()[:4] == [str(JOB), "1", "5m", "pending"]
     assert lines[2].endswith("accounting unreachable: sacct: refused")
     n, note = records_cmd.replay(spool, Dbd(rows=2), CollocConfig(), _log)
-    assert n == 1 and "1 record(s) confirmed" in note
-    assert records_cmd.listing(spool) == [f"no pending records in {spool}"]
+    assert n == 1 and "1 record(s) read back in accounting" in note
+    # written and read back: kept, shown apart, until slurmctld forgets the job
+    lines = records_cmd.listing(spool)
+    assert lines[0].startswith("0 pending record(s)") and "1 written and confirming" in lines[0]
+    assert lines[2].split()[:4] == [str(JOB), "1", "0s", "confirming"]
 
 
 def test_admin_replay_defers_to_a_running_writer(spool: Path) -> None:
