@@ -1,9 +1,10 @@
-"""The replay's GPU models against an H100 measured with ``benchmarks/hw_colocation.py``.
+"""The replay's GPU models against a GPU measured with ``benchmarks/hw_colocation.py``.
 
-    PYTHONPATH=. python benchmarks/hw_check.py [RUN.json ...] [--out FILE]
+    PYTHONPATH=. python benchmarks/hw_check.py [--gpu h100|h200] [RUN.json ...] [--out FILE]
 
-Reads the committed runs (default ``benchmarks/results/hardware/h100_colocation_run*.json``)
-and prints, then writes to ``benchmarks/results/hardware/h100_check.json``:
+Reads the committed runs of one GPU (``--gpu``, default ``h100``:
+``benchmarks/results/hardware/<gpu>_colocation_run*.json``, or the runs named) and
+prints, then writes to ``benchmarks/results/hardware/<gpu>_check.json``:
 
 * **interference**: each tenant's measured speed (steps per second over its solo speed
   in the same run) next to the replay's prediction (``rate_for`` of
@@ -13,11 +14,11 @@ and prints, then writes to ``benchmarks/results/hardware/h100_check.json``:
   summed solo SM activity), and the run-to-run noise of the same combination.
 * **power**: measured board power (NVML's energy counter) against
   :func:`~slurm_colloc.gpu.sim.power.power_w` at the measured SM and DRAM activity,
-  scaled to the H100's idle and limit, for GEMM/small-kernel runs and runs with copies
+  scaled to the GPU's idle and limit, for GEMM/small-kernel runs and runs with copies
   apart; then ``idle + (max - idle) * min(1, floor + k * s**gamma)`` fitted on the
-  first run's compute rows and scored on the second's (held out): what the H100's
-  tensor-core kernels draw, which the replay does not adopt (its jobs' kernel mix is
-  unknown).
+  first run's compute rows and scored on the second's (held out): what the GPU's
+  tensor-core kernels draw (``<gpu>_fit``), which the replay does not adopt (its jobs'
+  kernel mix is unknown).
 * **util vs SM activity**: what NVML's utilisation and GPM's SM activity read on the
   same runs.
 
@@ -157,8 +158,9 @@ def _rel(pred: pd.Series | np.ndarray, frame: pd.DataFrame) -> pd.Series:
     return (pd.Series(np.asarray(pred), index=frame.index) - frame.power).abs() / frame.power
 
 
-def power(frame: pd.DataFrame) -> dict[str, Any]:
-    """The replay's power model on the measured rows, and a concave fit held out."""
+def power(frame: pd.DataFrame, gpu: str = "h100") -> dict[str, Any]:
+    """The replay's power model on the measured rows, and a concave fit held out
+    (``<gpu>_fit``)."""
     from slurm_colloc.gpu.sim import power as pm
 
     frame = frame[frame.sm > 0].copy()
@@ -175,19 +177,25 @@ def power(frame: pd.DataFrame) -> dict[str, Any]:
         "model_error_compute": _stats(_rel(compute.model, compute)),
         "model_error_copies": _stats(_rel(copy.model, copy)),
         "model_bias_compute_w": round(float((compute.model - compute.power).median()), 1),
-        "h100_fit": {"floor": float(th[0]), "k_sm": round(float(th[1]), 3),
-                     "gamma": round(float(th[2]), 3), "fitted_on": runs[0],
-                     "held_out": runs[-1],
-                     "held_out_error": _stats(_rel(pred, held))},
+        f"{gpu}_fit": {"floor": float(th[0]), "k_sm": round(float(th[1]), 3),
+                       "gamma": round(float(th[2]), 3), "fitted_on": runs[0],
+                       "held_out": runs[-1],
+                       "held_out_error": _stats(_rel(pred, held))},
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="*", type=Path)
-    ap.add_argument("--out", default=str(RESULTS / "h100_check.json"))
+    ap.add_argument("--gpu", default="h100", choices=["h100", "h200"],
+                    help="whose committed runs and check file (default h100)")
+    ap.add_argument("--out", help="default: results/hardware/<gpu>_check.json; '-': none")
     args = ap.parse_args()
-    paths = args.runs or sorted(RESULTS.glob("h100_colocation_run*.json"))
+    gpu = args.gpu
+    out = args.out or str(RESULTS / f"{gpu}_check.json")
+    paths = args.runs or sorted(RESULTS.glob(f"{gpu}_colocation_run*.json"))
+    if not paths:
+        ap.error(f"no runs: {RESULTS}/{gpu}_colocation_run*.json")
     docs = {p.stem: json.loads(p.read_text()) for p in paths}
     inter = pd.DataFrame([r for name, d in docs.items() for r in interference_rows(d, name)])
     pw = pd.DataFrame([r for name, d in docs.items() for r in power_rows(d, name)])
@@ -199,7 +207,7 @@ def main() -> None:
         "solo": {w: {k: round(v, 2) for k, v in s.items()} for w, s in solo.items()},
         "idle_w": round(first["idle"]["power_w"], 1),
         "idle_with_4_idle_contexts_w": idle_ctx,
-        "interference": interference(inter), "power": power(pw),
+        "interference": interference(inter), "power": power(pw, gpu),
     }
     print(f"{result['gpu']['name']}, driver {result['gpu']['driver']}; runs: {', '.join(docs)}")
     print("\nsolo workloads (speed, GPM SM activity %, NVML util %, DRAM %, W):")
@@ -221,19 +229,19 @@ def main() -> None:
     for k, v in it["throughput_sum"].items():
         print(f"  {k:10s} {v['measured']:5.2f}  vs {v['predicted']:5.2f}")
     p = result["power"]
-    m, f = p["model"], p["h100_fit"]
+    m, f = p["model"], p[f"{gpu}_fit"]
     print(f"\npower model (floor {m['active_floor']}, k_sm {m['k_sm']}, k_dram {m['k_dram']}),"
           " relative error median / p90:")
     print(f"  GEMM and small-kernel runs  {p['model_error_compute']['median']:.3f} / "
           f"{p['model_error_compute']['p90']:.3f} (bias {p['model_bias_compute_w']} W)")
     print(f"  runs with copies            {p['model_error_copies']['median']:.3f} / "
           f"{p['model_error_copies']['p90']:.3f}")
-    print(f"  H100 fit min(1, {f['floor']} + {f['k_sm']} s^{f['gamma']}) on {f['fitted_on']},"
-          f" held out on {f['held_out']}: {f['held_out_error']['median']:.3f} / "
+    print(f"  {gpu.upper()} fit min(1, {f['floor']} + {f['k_sm']} s^{f['gamma']}) on "
+          f"{f['fitted_on']}, held out on {f['held_out']}: {f['held_out_error']['median']:.3f} / "
           f"{f['held_out_error']['p90']:.3f}")
-    if args.out != "-":
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-        print(f"\nwrote {args.out}")
+    if out != "-":
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
