@@ -55,7 +55,7 @@ from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuSample
 from slurm_colloc.metrics import enforce, liveness, spawn, store
 from slurm_colloc.metrics.attribution import Attributor, JobTag, start_ticks
 from slurm_colloc.metrics.guard import Failures
-from slurm_colloc.mps import missed_epilogs
+from slurm_colloc.mps import missed_epilogs, release_confirm
 from slurm_colloc.mps.control import STATE_FILE, DaemonIdentity
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.mps.v3 import V3_DIR
@@ -496,6 +496,8 @@ def work_left(cfg: CollocConfig, now: float | None = None) -> str | None:
             return "records in root's spool"
         if missed_epilogs.owed(cfg.mps_root, missed_epilogs.state_dir(cfg.evidence_dir), t):
             return "an epilog owed"
+        if release_confirm.pending(release_confirm.state_dir(cfg.evidence_dir), t):
+            return "a requeue's release to confirm"
     except OSError:
         return "root's state unreadable"
     return None
@@ -601,6 +603,10 @@ def _chores(cfg: CollocConfig, c: Collector, due: dict[str, float]) -> None:
     if now >= due.get("late-epilog", 0.0):
         due["late-epilog"] = now + missed_epilogs.LOOK_EVERY_S
         c._guarded("late epilog", lambda: _late_epilogs(cfg))
+    if now >= due.get("release-confirm", 0.0):  # issue 28: files only; Slurm when due
+        due["release-confirm"] = now + release_confirm.LOOK_EVERY_S
+        c._guarded("release confirmation", lambda: release_confirm.kick(
+            release_confirm.state_dir(cfg.evidence_dir), dict(os.environ), time.time()))
 
 
 def _late_epilogs(cfg: CollocConfig) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,8 @@ def run(
             # Slurm lets no one set SystemComment with scontrol (24.11, 26.05)
             carry = text if text is None else carry_in_admin_comment(ctx.admin_comment, text)
             errors = requeue(ctx, adapter, result.decision.new_shards, admin_comment=carry,
-                             nice=cfg.recovery_nice, record=text)
+                             nice=cfg.recovery_nice, record=text,
+                             confirm=_confirmer(ctx, cfg, result, log))
             result.requeued = True
             result.errors.extend(errors)
         except requeue_steps.ControllerAway as e:  # issue 28: retried until Slurm answers
@@ -511,6 +513,23 @@ def _hand_off_requeue(
     return None
 
 
+def _confirmer(
+    ctx: JobContext, cfg: CollocConfig, result: EpilogResult, log: logging.LoggerAdapter[Any],
+) -> Callable[[requeue_steps.RequeuePlan], None]:
+    """After the requeue's steps: the marker that has the collector check the job
+    does not stay held (issue 28: a release slurmctld lost in a crash). Never raises."""
+
+    def confirm(plan: requeue_steps.RequeuePlan) -> None:
+        try:
+            requeue_steps.confirm_later(cfg.evidence_dir, plan, ctx.uid)
+        except OSError as e:
+            why = f"release confirmation not kept (a lost release goes unnoticed): {e}"
+            result.errors.append(why)
+            log.error("%s", why)
+
+    return confirm
+
+
 def _accepted_so_far(plan: requeue_steps.RequeuePlan) -> str:
     """Which steps Slurm accepted before it stopped answering."""
     done = ", ".join(plan.done) or "nothing"
@@ -520,6 +539,7 @@ def _accepted_so_far(plan: requeue_steps.RequeuePlan) -> str:
 def requeue(
     ctx: JobContext, adapter: SlurmAdapter, new_shards: int, admin_comment: str | None = None,
     nice: int = 0, record: str | None = None,
+    confirm: Callable[[requeue_steps.RequeuePlan], None] | None = None,
 ) -> list[str]:
     """Hold-requeue, raise the shard request, boost the priority, release.
 
@@ -541,6 +561,8 @@ def requeue(
     The steps are :mod:`.requeue_steps`': when slurmctld does not answer, its
     ``ControllerAway`` carries the plan (``record``: this attempt's record, for the
     retry to rewrite if the requeue never lands) so a detached helper can go on.
+    ``confirm`` gets the plan once Slurm answered every step (accepted or refused):
+    the release confirmation's marker (the retry helper leaves its own).
     """
     if not placed_by_colloc(ctx):
         raise ValueError(
@@ -555,4 +577,14 @@ def requeue(
         resize=new_shards != ctx.shards or not ctx.is_shared, nice=max(0, nice),
         admin_comment=admin_comment or None, record=record, decided_at=time.time(),
     )
-    return requeue_steps.advance(plan, adapter)
+    try:
+        errors = requeue_steps.advance(plan, adapter)
+    except requeue_steps.ControllerAway:
+        raise
+    except SlurmError:
+        if confirm is not None:
+            confirm(plan)  # a hold that landed must not stay: the collector checks
+        raise
+    if confirm is not None:
+        confirm(plan)
+    return errors

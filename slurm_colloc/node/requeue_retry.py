@@ -22,6 +22,7 @@ the record, marked "requeue failed: ...", goes to the record writer's spool.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -149,14 +150,151 @@ def _spool_with_epilog(plan: RequeuePlan, cfg: Any) -> Callable[[str], None]:
     return spool
 
 
+# ------------------------------------------------------- release confirmation ---
+
+
+def confirm_round(evidence_dir: str, adapter: SlurmAdapter, log_file: str | None,
+                  now: float | None = None) -> int:
+    """One round of release confirmation (:mod:`slurm_colloc.mps.release_confirm`):
+    one ``squeue --json`` question about the due markers, then each decided. A marker
+    whose retry helper still holds its plan waits (that helper releases, then leaves
+    its own). Returns how many markers were acted on (released, done, given up)."""
+    from slurm_colloc.mps import release_confirm as rc
+    from slurm_colloc.node.late_epilog import ask
+    from slurm_colloc.node.logging_setup import node_logger
+    from slurm_colloc.node.requeue_steps import plan_dir, plan_path
+
+    t = time.time() if now is None else now
+    sdir = plan_dir(evidence_dir)
+    for name in rc.markers(sdir)[1]:
+        node_logger("requeue-confirm", name.split(".")[0], log_file).error(
+            "unreadable release marker %s removed", name)
+        (sdir / name).unlink(missing_ok=True)
+    todo = []
+    for m in rc.due(sdir, t):
+        if os.path.lexists(plan_path(evidence_dir, m.job_id, m.attempt)):
+            rc.write_marker(sdir, dataclasses.replace(m, next_check=t + rc.CHECK_EVERY_S))
+        else:
+            todo.append(m)
+    if not todo:
+        return 0
+    answered, jobs = True, {}
+    try:
+        jobs = ask(adapter, [m.job_id for m in todo])
+    except SlurmError:
+        answered = False  # "did not answer" is never "gone": asked again later
+    for m in todo:
+        _confirm_one(sdir, m, rc.decide(m, jobs.get(m.job_id), t, answered=answered),
+                     adapter, node_logger("requeue-confirm", m.job_id, log_file))
+    return sum(1 for _ in todo) if answered else 0
+
+
+def _confirm_one(sdir: Path, m: Any, v: Any, adapter: SlurmAdapter, log: Any) -> None:
+    """Do what :func:`slurm_colloc.mps.release_confirm.decide` said about one marker."""
+    from slurm_colloc.mps import release_confirm as rc
+
+    if v.action == "wait":
+        rc.write_marker(sdir, v.marker)
+    elif v.action == "done":
+        rc.drop(sdir, m)
+        log.info("attempt %s: release confirmed: %s", m.attempt, v.why)
+    elif v.action == "give_up":
+        rc.drop(sdir, m)
+        log.error("attempt %s: release confirmation given up: %s", m.attempt, v.why)
+    else:
+        rc.write_marker(sdir, v.marker)  # counted before acting: bounded even if we die
+        try:
+            errors = _release_again(m, adapter)
+        except SlurmError as e:
+            log.error("attempt %s: %s; releasing again failed: %s (looked at again in "
+                      "%.0f s)", m.attempt, v.why, str(e)[:300], rc.CONFIRM_AFTER_S)
+            return
+        log.warning("attempt %s: %s: released again (%d of %d)%s", m.attempt, v.why,
+                    v.marker.releases, rc.MAX_RELEASES,
+                    f"; {'; '.join(errors)}" if errors else "")
+
+
+def _release_again(m: Any, adapter: SlurmAdapter) -> list[str]:
+    """The plan's steps after the hold, redone (a crash that lost the release may
+    have lost the new request too; each step is idempotent); a bare release when the
+    marker holds no readable plan."""
+    try:
+        plan = RequeuePlan.from_json(m.plan or "")
+    except (ValueError, TypeError):
+        adapter.release(m.job_id)
+        return []
+    if plan.job_id != m.job_id:
+        adapter.release(m.job_id)
+        return []
+    plan.done, plan.hold_unsure = ["hold"], False
+    return advance(plan, adapter)
+
+
+def _confirm_lock(sdir: Path) -> int | None:
+    """One confirmation round at a time on the node (root's 0700 directory)."""
+    import fcntl
+
+    fd = os.open(sdir / "confirm.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def confirm_main() -> int:
+    """``python -m slurm_colloc.node.requeue_retry --confirm``: one round; exits 0."""
+    from slurm_colloc import config as cfgmod
+    from slurm_colloc.mps.tenancy import ensure_root_dir
+    from slurm_colloc.node.logging_setup import node_logger
+    from slurm_colloc.node.prolog import main_env
+    from slurm_colloc.node.requeue_steps import plan_dir
+    from slurm_colloc.slurm.adapter import SlurmCli
+
+    log = node_logger("requeue-confirm", "-", None)
+    try:
+        cfg = cfgmod.load()
+        log = node_logger("requeue-confirm", "-", cfg.log_file)
+        fd = _confirm_lock(ensure_root_dir(plan_dir(cfg.evidence_dir), 0o700))
+        if fd is None:
+            return 0
+        try:
+            confirm_round(cfg.evidence_dir, SlurmCli(env=main_env(os.environ),
+                                                     timeout=TRY_TIMEOUT_S), cfg.log_file)
+        finally:
+            os.close(fd)
+    except Exception as e:  # noqa: BLE001 - detached: log and end
+        log.error("release confirmation stopped: %s: %s", type(e).__name__, e)
+    return 0
+
+
+def _keep_confirming(plan: RequeuePlan, cfg: Any, log: Any) -> None:
+    """The retry is over: when its hold landed, leave the release confirmation's
+    marker (uid from the job context the epilog kept)."""
+    import json
+
+    from slurm_colloc.node.requeue_steps import confirm_later
+
+    try:
+        uid = int(json.loads(plan.context)["uid"])
+        confirm_later(cfg.evidence_dir, plan, uid)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.error("attempt %s: release confirmation not kept: %s", plan.attempt, e)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry: ``python -m slurm_colloc.node.requeue_retry PLANFILE`` (root, detached)."""
+    """Entry: ``python -m slurm_colloc.node.requeue_retry PLANFILE`` (root, detached);
+    ``--confirm``: one round of release confirmation."""
     from slurm_colloc import config as cfgmod
     from slurm_colloc.node.logging_setup import node_logger
     from slurm_colloc.node.prolog import main_env
     from slurm_colloc.slurm.adapter import SlurmCli
 
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--confirm"]:
+        return confirm_main()
     path = Path(args[0])
     log = node_logger("requeue-retry", path.name.split(".")[0], None)
     try:
@@ -167,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = retry(plan, adapter, cap_s=cfg.requeue_retry_s,
                         save=lambda p: write_plan(path, p), log=log)
         finish(plan, outcome, cfg, log, _spool_with_epilog(plan, cfg))
+        _keep_confirming(plan, cfg, log)
         path.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
         log.error("requeue retry of %s stopped: %s: %s (plan left in place)", path,

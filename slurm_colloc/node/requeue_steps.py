@@ -208,6 +208,26 @@ def read_plan(path: Path) -> RequeuePlan:
                                                  limit=MAX_PLAN_BYTES))
 
 
+def confirm_later(evidence_dir: str, plan: RequeuePlan, uid: int,
+                  now: float | None = None) -> Path | None:
+    """After a hold Slurm accepted (and the release sent): leave the marker that has
+    the node's collector check the job does not stay held
+    (:mod:`slurm_colloc.mps.release_confirm`). None when the hold never landed."""
+    import time
+
+    from slurm_colloc.mps import release_confirm as rc
+    from slurm_colloc.mps.tenancy import ensure_root_dir
+
+    if not plan.held:
+        return None
+    t = time.time() if now is None else now
+    sdir = ensure_root_dir(plan_dir(evidence_dir), 0o700)
+    return rc.write_marker(sdir, rc.Marker(
+        job_id=plan.job_id, attempt=plan.attempt, uid=uid, released_at=t,
+        next_check=t + rc.CONFIRM_AFTER_S,
+        plan=dataclasses.replace(plan, record=None, context="").to_json()))
+
+
 def hand_off(plan: RequeuePlan, evidence_dir: str, env: dict[str, str]) -> Path:
     """Leave ``plan`` in root's state and start the detached helper; the path."""
     from slurm_colloc.detach import spawn_module

@@ -173,6 +173,12 @@ class SlurmJob:
     system_comment: str = ""
     """Admin-only like AdminComment; holds colloc's ``cl1:`` record where config
     ``record_field = "system_comment"`` (jobstats sites)."""
+    held: bool = False
+    """Slurm's ``hold`` (priority 0: held by ``scontrol hold``, ``requeuehold`` or
+    ``sbatch --hold``); who held it is in ``reason`` and ``state_description``."""
+    state_description: str = ""
+    """slurmctld's own text beside ``reason`` (``job requeued in held state`` after a
+    ``requeuehold``); users cannot set it."""
 
     @property
     def allocated_gpus(self) -> tuple[int, ...] | None:
@@ -322,7 +328,19 @@ def _job(d: Mapping[str, Any]) -> SlurmJob:
         job_state=state,
         nice=_int(d, "nice") or 0,
         system_comment=_str(d, "system_comment"),
+        held=_bool(d, "hold"),
+        state_description=_str(d, "state_description"),
     )
+
+
+def _bool(d: Mapping[str, Any], key: str) -> bool:
+    """A boolean key; absent or null is False, any other type is malformed."""
+    v = d.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise dp.DataParserError(f"{key}: not a boolean: {str(v)[:80]}")
+    return v
 
 
 def _document(text: str, limit: int, what: str) -> list[Any]:
