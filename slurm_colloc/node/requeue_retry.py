@@ -270,18 +270,39 @@ def confirm_main() -> int:
     return 0
 
 
-def _keep_confirming(plan: RequeuePlan, cfg: Any, log: Any) -> None:
+def _keep_confirming(plan: RequeuePlan, cfg: Any, log: Any) -> Path | None:
     """The retry is over: when its hold landed, leave the release confirmation's
-    marker (uid from the job context the epilog kept)."""
+    marker (uid from the job context the epilog kept); its path."""
     import json
 
     from slurm_colloc.node.requeue_steps import confirm_later
 
     try:
         uid = int(json.loads(plan.context)["uid"])
-        confirm_later(cfg.evidence_dir, plan, uid)
+        return confirm_later(cfg.evidence_dir, plan, uid)
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.error("attempt %s: release confirmation not kept: %s", plan.attempt, e)
+        return None
+
+
+def confirm_here(marker: Path, evidence_dir: str, adapter: SlurmAdapter,
+                 log_file: str | None, *, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.time) -> None:
+    """The retry helper confirms its own release: after a long outage the collector
+    may have idled out. A round (under the node's lock) each time the marker may be
+    due, until it is gone or :data:`~slurm_colloc.mps.release_confirm.STAY_S` passed."""
+    from slurm_colloc.mps import release_confirm as rc
+
+    end = clock() + rc.STAY_S
+    while os.path.lexists(marker) and clock() < end:
+        sleep(rc.CONFIRM_AFTER_S)
+        fd = _confirm_lock(marker.parent)
+        if fd is None:
+            continue  # a round of the collector's is at work
+        try:
+            confirm_round(evidence_dir, adapter, log_file, now=clock())
+        finally:
+            os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         outcome = retry(plan, adapter, cap_s=cfg.requeue_retry_s,
                         save=lambda p: write_plan(path, p), log=log)
         finish(plan, outcome, cfg, log, _spool_with_epilog(plan, cfg))
-        _keep_confirming(plan, cfg, log)
+        marker = _keep_confirming(plan, cfg, log)
         path.unlink(missing_ok=True)
+        if marker is not None:
+            with contextlib.suppress(OSError):  # the collector's rounds go on
+                confirm_here(marker, cfg.evidence_dir, adapter, cfg.log_file)
     except Exception as e:  # noqa: BLE001 - detached: nothing above us to report to
         log.error("requeue retry of %s stopped: %s: %s (plan left in place)", path,
                   type(e).__name__, e)

@@ -328,3 +328,22 @@ def test_confirm_main_runs_one_round_under_a_lock(tmp_path: Path, monkeypatch) -
         assert requeue_retry.main(["--confirm"]) == 0 and len(rounds) == 1  # one at a time
     finally:
         os.close(fd)
+
+
+def test_the_retry_helper_confirms_its_own_release(tmp_path: Path, caplog, capfd) -> None:
+    """After a long outage the collector may be gone: the helper that finished the
+    requeue does the rounds itself until the marker is gone."""
+    path = kept(tmp_path)
+    slurm = Slurm(requeue_held())
+    now = [T0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    cfg = cfg_of(tmp_path)
+    requeue_retry.confirm_here(path, cfg.evidence_dir, slurm, cfg.log_file,  # type: ignore[arg-type]
+                               sleep=sleep, clock=lambda: now[0])
+    assert not path.exists() and slurm.calls.count("release") == 1
+    assert now[0] == T0 + 2 * rc.CONFIRM_AFTER_S
+    text = logged(caplog, capfd)
+    assert "released again (1 of 3)" in text and "release confirmed" in text
