@@ -489,14 +489,48 @@ class MpsDaemon:
         (issue 24, a philly90h replay: its user's server started 0.15 s after the
         listing, with the previous job's 2,560 MiB, and the 4,608 MiB job that raised
         the default to 7,168 MiB was refused at 3.4 GiB).
+
+        Two runs of the control program, not 3 + 2n (issue 28: under a burst the one
+        prolog per GPU that commits the cap ran five, each a process start on the
+        node's busy CPUs, while the GPU's other prologs waited for it): the default
+        and the server listing in one session (``set_*`` prints nothing when carried
+        out), then every read-back and every running server's limit in a second
+        (:meth:`_set_and_read_back`).
         """
         if limit_mib <= 0:
             return
-        self.set_checked(f"set_default_device_pinned_mem_limit 0 {limit_mib}M")
-        running = [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M"
-                   for pid in self.server_pids()]
-        if running:
-            self.set_checked(*running)
+        default = f"set_default_device_pinned_mem_limit 0 {limit_mib}M"
+        out = self.command(default, "get_server_list")
+        pids = [int(t) for t in out.split() if t.isdigit() and len(t) < 10]
+        running = [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M" for pid in pids]
+        self._set_and_read_back(default, running)
+
+    def _set_and_read_back(self, already_set: str, lines: list[str],
+                           timeout: float = 10) -> None:
+        """Send ``lines`` (``set_*``) and read back ``already_set`` and each of them in
+        one session; every answer must match (:func:`_same_value`).
+
+        The answers are paired with their getters line by line when the daemon
+        printed exactly one line per getter (the stand-in does; a refusal adds lines);
+        otherwise nothing is guessed: :meth:`set_checked`'s one-read-back-per-run
+        path decides, so an undocumented reply format costs runs, never a check.
+        """
+        checks = [readback(ln) for ln in (already_set, *lines)]
+        out = self.command(*lines, *(getter for getter, _, _ in checks), timeout=timeout)
+        answers = [a for a in out.splitlines() if a.strip()]
+        if len(answers) != len(checks):
+            if lines:
+                self._send_silent(*lines, timeout=timeout)  # idempotent: same values
+            for getter, want, kind in checks:
+                got = self.command(getter, timeout=timeout).strip()
+                if not _same_value(kind, got, want):
+                    raise MpsControlError(f"MPS control daemon (GPU {self.gpu}) did not "
+                                          f"take the cap: {getter} reads {got[:100]!r}")
+            return
+        for (getter, want, kind), got in zip(checks, answers, strict=True):
+            if not _same_value(kind, got, want):
+                raise MpsControlError(f"MPS control daemon (GPU {self.gpu}) did not take "
+                                      f"the cap: {getter} reads {got.strip()[:100]!r}")
 
     def server_pids(self) -> list[int]:
         """``get_server_list``: pids of the MPS servers this daemon runs."""

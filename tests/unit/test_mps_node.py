@@ -159,29 +159,34 @@ def _daemons_in(pipe: Path) -> list[int]:
 
 class _RacingDaemon(MpsDaemon):
     """A daemon whose user's first client connects right after root lists the servers:
-    the server it starts takes whatever default is set at that moment."""
+    the server it starts takes whatever default is set at that moment. Commands are
+    carried out in order, as the control program does with its stdin lines."""
 
     def __init__(self) -> None:
         super().__init__("/bin/false", 0, Path("/nonexistent/pipe"), Path("/nonexistent/log"))
-        object.__setattr__(self, "state", {"default": 2560, "servers": {}, "listed": 0})
+        object.__setattr__(self, "state", {"default": 2560, "servers": {}, "listed": 0,
+                                           "runs": 0})
 
-    def server_pids(self) -> list[int]:
+    def command(self, *lines: str, timeout: float = 10) -> str:
         st = self.state  # type: ignore[attr-defined]
-        pids = list(st["servers"])
-        st["listed"] += 1
-        if st["listed"] == 1 and not st["servers"]:
-            st["servers"][4242] = st["default"]  # spawned just after this listing
-        return pids
-
-    def set_checked(self, *lines: str, timeout: float = 10) -> None:
-        st = self.state  # type: ignore[attr-defined]
+        st["runs"] += 1
+        out = []
         for line in lines:
             words = line.split()
-            mib = int(words[-1].rstrip("M"))
-            if words[0] == "set_default_device_pinned_mem_limit":
-                st["default"] = mib
-            else:
-                st["servers"][int(words[1])] = mib
+            if words[0] == "get_server_list":
+                out += [str(p) for p in st["servers"]]
+                st["listed"] += 1
+                if st["listed"] == 1 and not st["servers"]:
+                    st["servers"][4242] = st["default"]  # spawned just after this listing
+            elif words[0] == "set_default_device_pinned_mem_limit":
+                st["default"] = int(words[-1].rstrip("M"))
+            elif words[0] == "set_device_pinned_mem_limit":
+                st["servers"][int(words[1])] = int(words[-1].rstrip("M"))
+            elif words[0] == "get_default_device_pinned_mem_limit":
+                out.append(f"{st['default']}M")
+            elif words[0] == "get_device_pinned_mem_limit":
+                out.append(f"{st['servers'][int(words[1])]}M")
+        return "\n".join(out) + ("\n" if out else "")
 
 
 def test_a_server_started_while_the_cap_is_raised_gets_the_new_cap() -> None:
@@ -193,3 +198,38 @@ def test_a_server_started_while_the_cap_is_raised_gets_the_new_cap() -> None:
     st = d.state  # type: ignore[attr-defined]
     assert st["default"] == 7168
     assert st["servers"] == {4242: 7168}
+    assert st["runs"] == 2  # issue 28: two runs of the control program, not five
+
+
+class _LongAnswers(_RacingDaemon):
+    """A daemon whose read-backs come in a format of more than one line each: the cap
+    is still read back, one getter per run (nothing is paired by guess)."""
+
+    def command(self, *lines: str, timeout: float = 10) -> str:
+        out = super().command(*lines, timeout=timeout)
+        if any(ln.startswith("get_") and "server_list" not in ln for ln in lines):
+            return "".join(f"Device 0:\n  limit = {a}\n" for a in out.split())
+        return out
+
+
+def test_an_unknown_answer_format_falls_back_to_one_read_back_per_run() -> None:
+    d = _LongAnswers()
+    object.__setattr__(d, "state", {"default": 2560, "servers": {77: 2560}, "listed": 1,
+                                    "runs": 0})
+    d.cap_user(4096)
+    st = d.state  # type: ignore[attr-defined]
+    assert st["servers"] == {77: 4096} and st["default"] == 4096
+    assert st["runs"] == 5  # batched try, the sets again, two single read-backs
+
+
+def test_a_cap_the_daemon_did_not_take_is_an_error() -> None:
+    class Deaf(_RacingDaemon):
+        def command(self, *lines: str, timeout: float = 10) -> str:
+            return super().command(*(ln for ln in lines if not ln.startswith("set_device")),
+                                   timeout=timeout)
+
+    d = Deaf()
+    object.__setattr__(d, "state", {"default": 2560, "servers": {77: 2560}, "listed": 1,
+                                    "runs": 0})
+    with pytest.raises(MpsControlError, match="did not take the cap"):
+        d.cap_user(4096)
