@@ -63,6 +63,8 @@ LOOK_EVERY_S = 10.0
 """The collector looks at the markers (files only) this often."""
 MAX_JOBS = 256
 """At most this many markers per round (bounded controller question)."""
+MAX_FILES = 4096
+"""At most this many markers are read per look (bounded work on a flooded directory)."""
 MAX_BYTES = 256 << 10
 CONFIRM_MODULE = "slurm_colloc.node.requeue_retry"
 """What the collector starts with ``--confirm`` (by name: metrics does not import node)."""
@@ -196,6 +198,8 @@ def markers(sdir: Path) -> tuple[list[Marker], list[str]]:
     for e in entries:
         if not e.name.endswith(SUFFIX) or e.name.startswith("."):
             continue
+        if len(out) + len(bad) >= MAX_FILES:
+            break
         with contextlib.suppress(OSError):
             st = e.stat(follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():

@@ -19,7 +19,7 @@ from typing import Any
 
 from slurm_colloc.accounting.field import carry_in_admin_comment
 from slurm_colloc.config import CollocConfig
-from slurm_colloc.mps.tenancy import Tenancy
+from slurm_colloc.mps.tenancy import Tenancy, TenancyError
 from slurm_colloc.node import evidence, requeue_policy, requeue_steps
 from slurm_colloc.node.job import JobContext
 from slurm_colloc.node.prolog import daemon_for
@@ -522,7 +522,7 @@ def _confirmer(
     def confirm(plan: requeue_steps.RequeuePlan) -> None:
         try:
             requeue_steps.confirm_later(cfg.evidence_dir, plan, ctx.uid)
-        except OSError as e:
+        except (OSError, TenancyError) as e:  # a foreign or linked directory
             why = f"release confirmation not kept (a lost release goes unnoticed): {e}"
             result.errors.append(why)
             log.error("%s", why)

@@ -186,7 +186,7 @@ def confirm_round(evidence_dir: str, adapter: SlurmAdapter, log_file: str | None
     for m in todo:
         _confirm_one(sdir, m, rc.decide(m, jobs.get(m.job_id), t, answered=answered),
                      adapter, node_logger("requeue-confirm", m.job_id, log_file))
-    return sum(1 for _ in todo) if answered else 0
+    return len(todo) if answered else 0
 
 
 def _confirm_one(sdir: Path, m: Any, v: Any, adapter: SlurmAdapter, log: Any) -> None:
@@ -275,12 +275,13 @@ def _keep_confirming(plan: RequeuePlan, cfg: Any, log: Any) -> Path | None:
     marker (uid from the job context the epilog kept); its path."""
     import json
 
+    from slurm_colloc.mps.tenancy import TenancyError
     from slurm_colloc.node.requeue_steps import confirm_later
 
     try:
         uid = int(json.loads(plan.context)["uid"])
         return confirm_later(cfg.evidence_dir, plan, uid)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, TenancyError) as e:
         log.error("attempt %s: release confirmation not kept: %s", plan.attempt, e)
         return None
 
