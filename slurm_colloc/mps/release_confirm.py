@@ -28,8 +28,10 @@ The rule, on Slurm's ``--json`` answer only (no user-written field is read):
   :data:`CONFIRM_AFTER_S` later; at most :data:`MAX_RELEASES` times;
 * PENDING and held otherwise (an admin's or the user's own ``scontrol hold``: Slurm
   clears the description, the reason is JobHeldAdmin or JobHeldUser): left alone;
-* no answer: asked again every :data:`CHECK_EVERY_S` until :data:`GIVE_UP_S` after the
-  release, then given up with a log line naming the ``scontrol release`` to run.
+* no answer: asked again every :data:`CHECK_EVERY_S` until ``give_up_s`` after the
+  release (:data:`GIVE_UP_S`, or config ``requeue_retry_s`` when longer: the wait the
+  requeue itself gets for a controller that is away), then given up with a log line
+  naming the ``scontrol release`` to run.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ CONFIRM_AFTER_S = 30.0
 CHECK_EVERY_S = 30.0
 """The pause after an unanswered question."""
 GIVE_UP_S = 900.0
-"""No question after this long since the release."""
-STAY_S = GIVE_UP_S + 300.0
-"""The collector stays for a marker this long after its release (time to give up)."""
+"""No question after this long since the release (at least)."""
+MAX_GIVE_UP_S = 7 * 86400.0
+LATE_S = 300.0
+"""The collector stays for a marker this long past its ``give_up_s`` (time to give up)."""
 MAX_RELEASES = 3
 """Re-releases of one attempt; a job held again after these is given up (logged)."""
 LOOK_EVERY_S = 10.0
@@ -89,6 +92,8 @@ class Marker:
     """Re-releases done so far."""
     plan: str | None = None
     """The requeue plan (``RequeuePlan.to_json``): its steps after the hold are redone."""
+    give_up_s: float = GIVE_UP_S
+    """Unanswered questions end this long after the release."""
 
     @property
     def held_attempt(self) -> int:
@@ -121,7 +126,7 @@ def decide(m: Marker, job: SlurmJob | None, now: float, *, answered: bool = True
     """What to do about one marker given Slurm's answer (``answered`` False: none)."""
     since = now - m.released_at
     if not answered:
-        if since >= GIVE_UP_S:
+        if since >= m.give_up_s:
             return Verdict("give_up", m, f"slurmctld did not answer for {since:.0f} s after "
                            f"the release: the job may still be held "
                            f"(scontrol release {m.job_id})")
@@ -179,6 +184,7 @@ def _from_json(text: str) -> Marker:
     if not (all(isinstance(v, int) and not isinstance(v, bool) for v in ints) and m.job_id > 0
             and m.attempt >= 0 and m.uid >= 0 and m.releases >= 0
             and all(isinstance(v, (int, float)) for v in (m.released_at, m.next_check))
+            and isinstance(m.give_up_s, (int, float)) and 0 < m.give_up_s <= MAX_GIVE_UP_S
             and (m.plan is None or isinstance(m.plan, str))):
         raise ValueError("marker fields out of range")
     return m
@@ -219,9 +225,9 @@ def due(sdir: Path, now: float) -> list[Marker]:
 
 
 def pending(sdir: Path, now: float) -> bool:
-    """Whether a marker still waits for its confirmation (up to :data:`STAY_S` after
-    its release): the node's collector stays up for it."""
-    return any(now - m.released_at < STAY_S for m in markers(sdir)[0])
+    """Whether a marker still waits for its confirmation (up to its ``give_up_s`` and
+    :data:`LATE_S` after its release): the node's collector stays up for it."""
+    return any(now - m.released_at < m.give_up_s + LATE_S for m in markers(sdir)[0])
 
 
 def kick(sdir: Path, env: Mapping[str, str], now: float) -> bool:

@@ -521,7 +521,8 @@ def _confirmer(
 
     def confirm(plan: requeue_steps.RequeuePlan) -> None:
         try:
-            requeue_steps.confirm_later(cfg.evidence_dir, plan, ctx.uid)
+            requeue_steps.confirm_later(cfg.evidence_dir, plan, ctx.uid,
+                                        wait_s=cfg.requeue_retry_s)
         except (OSError, TenancyError) as e:  # a foreign or linked directory
             why = f"release confirmation not kept (a lost release goes unnoticed): {e}"
             result.errors.append(why)

@@ -280,7 +280,7 @@ def _keep_confirming(plan: RequeuePlan, cfg: Any, log: Any) -> Path | None:
 
     try:
         uid = int(json.loads(plan.context)["uid"])
-        return confirm_later(cfg.evidence_dir, plan, uid)
+        return confirm_later(cfg.evidence_dir, plan, uid, wait_s=cfg.requeue_retry_s)
     except (OSError, ValueError, KeyError, TypeError, TenancyError) as e:
         log.error("attempt %s: release confirmation not kept: %s", plan.attempt, e)
         return None
@@ -291,10 +291,12 @@ def confirm_here(marker: Path, evidence_dir: str, adapter: SlurmAdapter,
                  clock: Callable[[], float] = time.time) -> None:
     """The retry helper confirms its own release: after a long outage the collector
     may have idled out. A round (under the node's lock) each time the marker may be
-    due, until it is gone or :data:`~slurm_colloc.mps.release_confirm.STAY_S` passed."""
+    due, until it is gone or its ``give_up_s`` passed."""
     from slurm_colloc.mps import release_confirm as rc
 
-    end = clock() + rc.STAY_S
+    found = [m for m in rc.markers(marker.parent)[0]
+             if rc.marker_path(marker.parent, m.job_id, m.attempt) == marker]
+    end = clock() + (found[0].give_up_s if found else rc.GIVE_UP_S) + rc.LATE_S
     while os.path.lexists(marker) and clock() < end:
         sleep(rc.CONFIRM_AFTER_S)
         fd = _confirm_lock(marker.parent)

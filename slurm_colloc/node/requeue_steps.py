@@ -209,10 +209,12 @@ def read_plan(path: Path) -> RequeuePlan:
 
 
 def confirm_later(evidence_dir: str, plan: RequeuePlan, uid: int,
-                  now: float | None = None) -> Path | None:
+                  now: float | None = None, wait_s: float = 0.0) -> Path | None:
     """After a hold Slurm accepted (and the release sent): leave the marker that has
     the node's collector check the job does not stay held
-    (:mod:`slurm_colloc.mps.release_confirm`). None when the hold never landed."""
+    (:mod:`slurm_colloc.mps.release_confirm`); ``wait_s`` (``requeue_retry_s``): how
+    long an away controller is waited for, when longer than its own 15 min. None when
+    the hold never landed."""
     import time
 
     from slurm_colloc.mps import release_confirm as rc
@@ -225,7 +227,8 @@ def confirm_later(evidence_dir: str, plan: RequeuePlan, uid: int,
     return rc.write_marker(sdir, rc.Marker(
         job_id=plan.job_id, attempt=plan.attempt, uid=uid, released_at=t,
         next_check=t + rc.CONFIRM_AFTER_S,
-        plan=dataclasses.replace(plan, record=None, context="").to_json()))
+        plan=dataclasses.replace(plan, record=None, context="").to_json(),
+        give_up_s=min(rc.MAX_GIVE_UP_S, max(rc.GIVE_UP_S, float(wait_s)))))
 
 
 def hand_off(plan: RequeuePlan, evidence_dir: str, env: dict[str, str]) -> Path:

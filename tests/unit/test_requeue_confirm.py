@@ -141,6 +141,11 @@ def test_no_answer_is_asked_again_until_the_bound() -> None:
     assert v.action == "wait" and v.marker.next_check == T0 + 100 + rc.CHECK_EVERY_S
     v = rc.decide(marker(), None, T0 + rc.GIVE_UP_S, answered=False)
     assert v.action == "give_up" and "scontrol release 77" in v.why
+    # a requeue_retry_s longer than 15 min: an away controller is waited for as long
+    v = rc.decide(marker(give_up_s=3600.0), None, T0 + rc.GIVE_UP_S, answered=False)
+    assert v.action == "wait"
+    assert rc.decide(marker(give_up_s=3600.0), None, T0 + 3600, answered=False).action \
+        == "give_up"
 
 
 def test_releases_are_bounded() -> None:
@@ -309,7 +314,7 @@ def test_the_collector_stays_and_kicks_only_when_a_marker_is_due(
     assert not rc.kick(sdir, {}, now + 5) and started == []
     assert rc.kick(sdir, {}, now + rc.CONFIRM_AFTER_S)
     assert started == [("slurm_colloc.node.requeue_retry", ("--confirm",))]
-    assert work_left(cfg, now + rc.STAY_S + 1) is None  # bounded
+    assert work_left(cfg, now + rc.GIVE_UP_S + rc.LATE_S + 1) is None  # bounded
 
 
 def test_confirm_main_runs_one_round_under_a_lock(tmp_path: Path, monkeypatch) -> None:
@@ -347,3 +352,17 @@ def test_the_retry_helper_confirms_its_own_release(tmp_path: Path, caplog, capfd
     assert now[0] == T0 + 2 * rc.CONFIRM_AFTER_S
     text = logged(caplog, capfd)
     assert "released again (1 of 3)" in text and "release confirmed" in text
+
+
+def test_the_bound_follows_requeue_retry_s_when_longer(tmp_path: Path) -> None:
+    cfg = cfg_of(tmp_path)
+    for wait, want in ((0, rc.GIVE_UP_S), (3600, 3600.0), (10**9, rc.MAX_GIVE_UP_S)):
+        path = requeue_steps.confirm_later(cfg.evidence_dir, a_plan(), UID, now=T0, wait_s=wait)
+        assert path is not None
+        (m,), _ = rc.markers(path.parent)
+        assert m.give_up_s == want
+    ctx_cfg = replace(cfg, requeue_retry_s=7200)
+    requeue_retry._keep_confirming(replace(a_plan(), context=json.dumps({"uid": UID})),
+                                   ctx_cfg, logging.LoggerAdapter(logging.getLogger("t"), {}))
+    (m,), _ = rc.markers(rc.state_dir(cfg.evidence_dir))
+    assert m.give_up_s == 7200.0
