@@ -52,7 +52,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
 from slurm_colloc.gpu.sim.mps_commands import ControlCommands
 from slurm_colloc.gpu.sim.mps_protocol import (
@@ -64,16 +64,15 @@ from slurm_colloc.gpu.sim.mps_protocol import (
     SOCKET_NAME,
     SOCKET_TYPE,
     VISIBLE_ENV,
-    LineReader,
     MpsError,
     connect,
     format_ready,
     log_dir_from_env,
     peer_credentials,
     pipe_dir_from_env,
-    ui_command,
 )
 from slurm_colloc.gpu.sim.mps_state import Client, ControlLog, Server
+from slurm_colloc.gpu.sim.mps_ui import run_ui
 from slurm_colloc.units import limit_for
 
 _SERVER_CODE = (
@@ -556,34 +555,6 @@ def daemonize(
         with contextlib.suppress(OSError):
             os.write(write_fd, f"ERR {e}".encode())
     os._exit(code)
-
-
-def run_ui(stdin: TextIO, stdout: TextIO) -> int:
-    """No option: forward stdin commands to the daemon, print its answers."""
-    pipe_dir = pipe_dir_from_env()
-    try:
-        sock = connect(pipe_dir)
-    except MpsError as e:
-        sys.stderr.write(f"Cannot find MPS control daemon process ({e})" + "\n")
-        return 1
-    with sock:
-        sock.sendall(b"UI\n")
-        reader = LineReader(sock)
-        for raw in stdin:
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                answer = ui_command(sock, reader, line)
-            except (MpsError, OSError) as e:
-                sys.stderr.write(f"MPS control daemon connection lost: {e}" + "\n")
-                return 1
-            if answer:
-                stdout.write(answer.rstrip("\n") + "\n")
-                stdout.flush()
-            if line.split()[0] == "quit":
-                break
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
