@@ -57,6 +57,9 @@ MAX_RECORD_BYTES = 65536
 MAX_ERR_BYTES = 512
 REPLAY_EVERY_S = 60.0
 """How often the collector's loop kicks a replay while the spool holds records."""
+CONFIRM_EVERY_S = REPLAY_EVERY_S / 2
+"""A confirming entry is re-read at most this often (half the kick's period, so
+each of the collector's kicks finds it due)."""
 STAY_FOR_S = 7 * 86400.0
 """The collector stays up (:func:`holds_work`) for spool entries at most this old:
 a week of accounting outage; older ones wait for the next job's prolog or epilog."""
@@ -99,6 +102,20 @@ class Entry:
     @property
     def err_path(self) -> Path:
         return self.path.with_name(self.path.name + ERR_SUFFIX)
+
+    def due(self, now: float | None = None, every: float | None = None) -> bool:
+        """Worth a writer's look: a pending entry always; a confirming one when its
+        last look (its note's mtime, else when it was written) is ``every``
+        (:data:`CONFIRM_EVERY_S`) ago. Keeps prologs from starting a writer, and a
+        writer from asking sacct, for confirming entries looked at moments ago."""
+        if not self.confirming:
+            return True
+        try:
+            last = os.stat(self.err_path, follow_symlinks=False).st_mtime
+        except OSError:
+            last = self.mtime
+        t = time.time() if now is None else now
+        return t - max(last, self.mtime) >= (CONFIRM_EVERY_S if every is None else every)
 
     def last_error(self) -> str:
         """Why the replayer has not removed it yet ("" when it has not tried)."""
@@ -269,22 +286,23 @@ Spawner = Callable[..., None]
 
 def kick(spool_dir: Path, env: Mapping[str, str], *, job_id: int = 0,
          spawner: Spawner = spawn_module, extra: Sequence[str] = ()) -> bool:
-    """Start the node's writer detached when the spool holds records (pending or
-    confirming) and none runs; True when one was started. Never blocks: a held lock
-    means a writer is at work. The collector's call every :data:`REPLAY_EVERY_S`
-    brings the writer back to re-read confirming entries.
+    """Start the node's writer detached when the spool holds a pending record, or a
+    confirming one due a look (:meth:`Entry.due`), and none runs; True when one was
+    started. Never blocks: a held lock means a writer is at work. The collector's
+    call every :data:`REPLAY_EVERY_S` brings the writer back to re-read confirming
+    entries; a burst of prologs starts none for entries looked at moments ago.
 
     The lock is taken here and handed to the writer (an inherited descriptor), so no
     second one starts while the first starts up. OSError when the lock is not root's.
     """
-    pending = entries(spool_dir, limit=1)
-    if not pending:
+    pending = next((e for e in entries(spool_dir) if e.due()), None)
+    if pending is None:
         return False
     fd = try_lock(spool_dir)
     if fd is None:
         return False
     try:
-        first = pending[0].path
+        first = pending.path
         spawner(WRITER_MODULE, (str(job_id), str(first), str(PASSED_FD), *extra), env,
                 pass_fd=fd)
     finally:

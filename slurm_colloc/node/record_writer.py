@@ -102,8 +102,8 @@ DIRECT_WAIT_S = 3600.0
 CONFIRM_MIN_S = 300.0
 """A written record is only re-read for this long (Slurm's default ``MinJobAge``)
 before slurmctld is asked whether it still holds the job."""
-CONFIRM_EVERY_S = spoolmod.REPLAY_EVERY_S
-"""How often one writer run re-reads a confirming entry."""
+CONFIRM_EVERY_S = spoolmod.CONFIRM_EVERY_S
+"""How often a confirming entry is re-read (by one writer run, or across runs)."""
 RUN_S = WAIT_S + TRIES * MAX_PAUSE_S
 """One writer run's bound: what it could not settle by then waits for the next replay."""
 BATCH = 100
@@ -268,10 +268,11 @@ class _Entry:
 
 def _due(e: Entry, state: dict[Path, _Entry], now: float) -> bool:
     """Worth a look this round: a pending entry with tries left in this run, a
-    confirming one not re-read in the last :data:`CONFIRM_EVERY_S`."""
+    confirming one not re-read in the last :data:`CONFIRM_EVERY_S` (by this run, or
+    by any: :meth:`slurm_colloc.accounting.spool.Entry.due`)."""
     st = state.get(e.path)
     if st is None:
-        return True
+        return e.due()  # a confirming one: not looked at in the last minute by anyone
     if e.confirming:
         return now - st.checked >= CONFIRM_EVERY_S
     return st.tries < TRIES
@@ -396,7 +397,7 @@ def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round
             if e.confirming:
                 log.warning("attempt %s: the record written %.0f s ago is no longer in "
                             "accounting (slurmctld re-sent the job with its own copy?): "
-                            "writing it again", e.attempt, e.age())
+                            "to be written again", e.attempt, e.age())
             left.append(e)
         elif e.confirming:
             _confirm(e, job, rnd, log)
@@ -543,7 +544,7 @@ def run_writer(spool_dir: Path, adapter: SlurmAdapter, log_for: LogFor,
         finally:
             os.close(fd)
             fd = None
-        if all(e.path in seen for e in spoolmod.entries(spool_dir, BATCH)):
+        if all(e.path in seen or not e.due() for e in spoolmod.entries(spool_dir, BATCH)):
             return written
 
 

@@ -118,11 +118,14 @@ def _attempts(comment: str) -> list[int]:
     return sorted(newest.attempt_numbers(codec.try_decode(comment)))
 
 
-def _age_all(spool: Path, seconds: float) -> None:
-    """Pretend every confirming entry was written ``seconds`` ago."""
-    for e in spoolmod.entries(spool):
-        if e.confirming:
-            os.utime(e.path, (e.mtime - seconds, e.mtime - seconds))
+def _later(spool: Path, clock: FakeClock, seconds: float = record_writer.CONFIRM_EVERY_S) -> None:
+    """Time passes: the writer's clock, and the confirming entries' file times (when
+    written, when last looked at)."""
+    clock.t += seconds
+    for p in spool.iterdir():
+        if p.name.endswith((spoolmod.CONFIRM_SUFFIX, spoolmod.CONFIRM_SUFFIX + ".err")):
+            t = p.stat().st_mtime - seconds
+            os.utime(p, (t, t))
 
 
 def _requeued_job_written(spool: Path) -> Slurm:
@@ -145,7 +148,7 @@ def test_a_record_replaced_after_it_was_read_back_is_written_again(spool: Path,
     assert len([e for e in spoolmod.entries(spool) if e.confirming]) == 3
     s.restart_replaces(JOB, REC_0)
     s.restart_replaces(OTHER, "")
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock)
     s.writes.clear()
     record_writer.run_writer(spool, s, _log)
     assert _attempts(s.comment[JOB]) == [0, 1]  # newest attempt wins again
@@ -159,24 +162,23 @@ def test_confirming_entries_go_once_slurmctld_has_forgotten_the_job(spool: Path,
     """Kept while slurmctld holds the job; asked only after CONFIRM_MIN_S, once per
     round for every such job; removed once it no longer holds it."""
     s = _requeued_job_written(spool)
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock)
     record_writer.run_writer(spool, s, _log)
     assert s.squeue_calls == []  # written moments ago: accounting re-read only
     assert len(spoolmod.entries(spool)) == 3
-    _age_all(spool, record_writer.CONFIRM_MIN_S)
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock, record_writer.CONFIRM_MIN_S)
     record_writer.run_writer(spool, s, _log)
     assert s.squeue_calls == [[JOB, OTHER]]  # one batched question
     assert len(spoolmod.entries(spool)) == 3  # slurmctld still holds both
     e = next(e for e in spoolmod.entries(spool) if e.job_id == OTHER)
     assert "slurmctld still holds the job" in e.last_error()
     s.held = {JOB}
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock)
     record_writer.run_writer(spool, s, _log)
     assert [(e.job_id, e.confirming) for e in spoolmod.entries(spool)] == [
         (JOB, True), (JOB, True)]
     s.held = set()
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock)
     record_writer.run_writer(spool, s, _log)
     assert spoolmod.entries(spool) == [] and not list(spool.glob("*.err"))
     assert _attempts(s.comment[JOB]) == [0, 1]
@@ -188,13 +190,11 @@ def test_a_controller_that_does_not_answer_never_reads_as_forgotten(spool: Path,
     s = _requeued_job_written(spool)
     s.ctld_down = True
     s.held = set()
-    _age_all(spool, record_writer.CONFIRM_MIN_S)
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock, record_writer.CONFIRM_MIN_S)
     record_writer.run_writer(spool, s, _log)
     assert len(spoolmod.entries(spool)) == 3
     assert "slurmctld did not answer" in spoolmod.entries(spool)[0].last_error()
-    _age_all(spool, spoolmod.CONFIRM_MAX_S)
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock, spoolmod.CONFIRM_MAX_S)
     record_writer.run_writer(spool, s, _log)
     assert spoolmod.entries(spool) == []
 
@@ -202,16 +202,23 @@ def test_a_controller_that_does_not_answer_never_reads_as_forgotten(spool: Path,
 def test_only_confirming_entries_not_due_the_writer_exits_at_once(spool: Path,
                                                                   clock: FakeClock) -> None:
     """A writer never sits on the lock for confirming entries: after writing it ends
-    without a pause, and a writer started within CONFIRM_EVERY_S re-reads them once
-    and ends (the collector's kick every 60 s brings the next)."""
+    without a pause; a writer started within CONFIRM_EVERY_S asks nothing; one
+    started later re-reads them once and ends (the collector's kick every 60 s
+    brings the next)."""
     s = Slurm({JOB: 1})
     spoolmod.write_entry(spool, JOB, 0, GOOD)
     t0 = clock.t
     record_writer.run_writer(spool, s, _log)
     assert clock.t == t0 and len(s.sacct_calls) == 2  # the round and its read-back
     s.sacct_calls.clear()
+    record_writer.run_writer(spool, s, _log)  # a prolog's kick moments later
+    assert clock.t == t0 and s.sacct_calls == []
+    _later(spool, clock)
+    t1 = clock.t
     record_writer.run_writer(spool, s, _log)
-    assert clock.t == t0 and len(s.sacct_calls) == 1 and s.writes[1:] == []
+    assert clock.t == t1 and len(s.sacct_calls) == 1 and s.writes[1:] == []
+    record_writer.run_writer(spool, s, _log)  # looked at just now: nothing asked
+    assert len(s.sacct_calls) == 1
 
 
 def test_a_newer_pending_attempt_and_a_confirming_older_one_newest_wins(
@@ -225,18 +232,21 @@ def test_a_newer_pending_attempt_and_a_confirming_older_one_newest_wins(
     s.restart_replaces(JOB, REC_0)
     spoolmod.write_entry(spool, JOB, 1, _text(A1))  # the carry was lost: attempt 1 alone
     s.writes.clear()
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock)
     record_writer.run_writer(spool, s, _log)
     assert len(s.writes) == 1 and _attempts(s.writes[0][1]) == [0, 1]
     rec = codec.try_decode(s.comment[JOB])
     assert rec is not None and newest.latest(rec) == 1
-    clock.t += record_writer.CONFIRM_EVERY_S
+    _later(spool, clock)
     s.writes.clear()
     record_writer.run_writer(spool, s, _log)
     assert s.writes == []  # both confirming entries are covered: nothing rewritten
 
 
-def test_kick_keeps_the_writer_coming_back_while_entries_confirm(spool: Path) -> None:
+def test_kick_keeps_the_writer_coming_back_while_entries_confirm(spool: Path,
+                                                                  clock: FakeClock) -> None:
+    """The collector's kick (every 60 s) starts a writer for a confirming entry due a
+    look; a burst of prologs' kicks right after a look starts none."""
     started: list[Any] = []
 
     def spawner(module: str, args: Any, env: Any, *, pass_fd: int) -> None:
@@ -247,6 +257,8 @@ def test_kick_keeps_the_writer_coming_back_while_entries_confirm(spool: Path) ->
     kept = spoolmod.mark_written(spoolmod.entries(spool)[0])
     assert kept is not None and kept.confirming and not path.exists()
     assert kept.path.name == f"{JOB}.0.adminc.confirming"
+    assert not spoolmod.kick(spool, {}, spawner=spawner)  # written moments ago
+    _later(spool, clock)
     assert spoolmod.kick(spool, {}, spawner=spawner)
     assert started == [record_writer.MODULE]
     assert record_writer.pending(spool) == {}  # written: not pending
