@@ -292,6 +292,12 @@ class CollocConfig:
     (the next prolog starts it again). It stays while root's spool holds records
     accounting has not confirmed (at most a week old) or a job's epilog is owed, so
     they are replayed once slurmdbd or slurmctld is back (issue 28)."""
+    stuck_prolog_grace_s: float = 120.0
+    """How long after this node's slurmd (re)started a job may still wait for a prolog
+    that began before that start. slurmd killed while a Prolog runs never finishes it
+    once restarted, and Slurm keeps the job RUNNING with ``Reason=Prolog`` for good;
+    past this grace the collector's check requeues it (``stuck-prolog:`` log lines,
+    issue 28). 10..3600 seconds."""
     collector_unit: str = ""
     """Name of the systemd unit that runs the node collector (``colloc admin
     collector-unit --install`` writes ``colloc-collector.service``), or empty: no unit.
@@ -477,6 +483,9 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
                           f"{MAX_RECOVERY_NICE:,} (a boost, not a wrap-around of Slurm's nice)")
     if not 0 <= cfg.requeue_retry_s <= 7 * 86400:
         raise ConfigError(f"{origin}: requeue_retry_s = {cfg.requeue_retry_s}: must be 0..604800")
+    if not 10 <= cfg.stuck_prolog_grace_s <= 3600:
+        raise ConfigError(f"{origin}: stuck_prolog_grace_s = {cfg.stuck_prolog_grace_s}: "
+                          "must be 10..3600 seconds")
     if not 1 <= cfg.prolog_controller_s <= 600:
         raise ConfigError(f"{origin}: prolog_controller_s = {cfg.prolog_controller_s}: "
                           "must be 1..600 seconds")

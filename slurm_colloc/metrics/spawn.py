@@ -34,8 +34,10 @@ log = logging.getLogger("colloc.metrics.spawn")
 
 MODULE = "slurm_colloc.metrics.collector"
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-KEPT_ENV = ("COLLOC_CONF", "SLURM_CONF")
-"""All a detached collector gets of its starter's environment (plus a fixed PATH)."""
+KEPT_ENV = ("COLLOC_CONF", "SLURM_CONF", "SLURMD_NODENAME")
+"""All a detached collector gets of its starter's environment (plus a fixed PATH);
+``SLURMD_NODENAME`` is slurmd's name for this node (the stuck-prolog check asks Slurm
+about it, :mod:`slurm_colloc.node.stuck_prologs`)."""
 MIN_SECONDS_LEFT = 1.0
 """An orphan with less than this of its ``--seconds`` left does not hand over."""
 

@@ -109,6 +109,22 @@ class SlurmAdapter(abc.ABC):
         jid = _job_id(job_id)
         return None if jid is None else self.jobs().get(jid)
 
+    def jobs_on_node(self, node: str) -> dict[int, SlurmJob]:
+        """The running jobs (CONFIGURING ones included) the controller has allocated on
+        ``node``, typed. Raises :class:`SlurmError` like :meth:`jobs`. This default
+        reads :meth:`jobs`; :class:`SlurmCli` asks for that node's only."""
+        if not _NODE_NAME.fullmatch(node):
+            raise SlurmError(f"not a node name: {node[:80]!r}")
+        return {j: job for j, job in self.jobs().items()
+                if job.job_state.base == "RUNNING" and _on_node(job.nodes, node)}
+
+    def slurmd_start_time(self, node: str) -> int | None:
+        """When ``node``'s slurmd last started as the controller knows it (epoch s,
+        ``slurmd_start_time`` of ``scontrol --json show node``); None when the
+        controller holds no such time. Raises :class:`SlurmError` when it cannot be
+        asked; adapters without it raise too."""
+        raise SlurmError(f"{type(self).__name__} cannot ask about a node's slurmd")
+
     def show_job(self, job_id: int | str) -> dict[str, Any] | None:
         """One job with scontrol's field names (None when the controller forgot it).
 
@@ -192,6 +208,50 @@ def _job_id(job_id: int | str) -> int | None:
     (``123_4`` array forms are resolved by the caller)."""
     text = str(job_id)
     return int(text) if text.isdigit() and len(text) <= 12 and int(text) > 0 else None
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A node name colloc passes to Slurm's tools (never an option, never a hostlist)."""
+
+
+def _on_node(nodes: str, node: str) -> bool:
+    """Whether Slurm's hostlist ``nodes`` names ``node`` (an unreadable list: no)."""
+    from slurm_colloc.hostlist import HostlistError, contains
+
+    try:
+        return bool(nodes) and contains(nodes, node)
+    except HostlistError:
+        return False
+
+
+MAX_NODE_JSON_BYTES = 16 << 20
+"""The most ``scontrol --json show node NAME`` may print before colloc stops reading."""
+
+
+def parse_slurmd_start(text: str, node: str) -> int | None:
+    """``slurmd_start_time`` of ``node`` in a ``scontrol --json show node`` answer
+    (None: not set, or no such node in it); SlurmError when it is not that answer."""
+    from slurm_colloc.slurm import data_parser as dp
+
+    if len(text) > MAX_NODE_JSON_BYTES:
+        raise SlurmError(f"scontrol --json show node: answer too large ({len(text)} bytes)")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SlurmError(f"scontrol --json show node: not JSON: {e}") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        raise SlurmError("scontrol --json show node: no 'nodes' list in the answer")
+    if doc.get("errors"):
+        raise SlurmError(f"scontrol --json show node: the controller reported: "
+                         f"{str(doc['errors'])[:240]}")
+    for entry in doc["nodes"]:
+        if isinstance(entry, dict) and entry.get("name") == node:
+            try:
+                v = dp.number(entry.get("slurmd_start_time"), "slurmd_start_time")
+            except dp.DataParserError as e:
+                raise SlurmError(f"scontrol --json show node {node}: {e}") from e
+            return v if v else None
+    return None
 
 
 _NONE_KNOWN = ("invalid job id",)
@@ -373,6 +433,25 @@ class SlurmCli(SlurmAdapter):
         except SqueueJsonError as e:
             raise SlurmError(str(e)) from e
         return {j: job for j, job in jobs.items() if j in set(ids)}
+
+    def jobs_on_node(self, node: str) -> dict[int, SlurmJob]:
+        if not _NODE_NAME.fullmatch(node):
+            raise SlurmError(f"not a node name: {node[:80]!r}")
+        cp = self._run("squeue", JSON_FLAG, "--states=RUNNING,CONFIGURING",
+                       f"--nodelist={node}")
+        try:
+            jobs = parse_jobs(cp.stdout)
+        except SqueueJsonError as e:
+            raise SlurmError(str(e)) from e
+        # the filter again here: the node list is Slurm's own field, read by colloc
+        return {j: job for j, job in jobs.items()
+                if job.job_state.base == "RUNNING" and _on_node(job.nodes, node)}
+
+    def slurmd_start_time(self, node: str) -> int | None:
+        if not _NODE_NAME.fullmatch(node):
+            raise SlurmError(f"not a node name: {node[:80]!r}")
+        cp = self._run("scontrol", JSON_FLAG, "show", "node", node)
+        return parse_slurmd_start(cp.stdout, node)
 
     def job(self, job_id: int | str) -> SlurmJob | None:
         jid = _job_id(job_id)

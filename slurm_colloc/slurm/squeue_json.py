@@ -179,6 +179,10 @@ class SlurmJob:
     state_description: str = ""
     """slurmctld's own text beside ``reason`` (``job requeued in held state`` after a
     ``requeuehold``); users cannot set it."""
+    start_time: int = 0
+    """When the current attempt was allocated (epoch s; 0: not set), from ``start_time``."""
+    nodes: str = ""
+    """The allocated nodes as a Slurm hostlist (``''`` while pending), from ``nodes``."""
 
     @property
     def allocated_gpus(self) -> tuple[int, ...] | None:
@@ -328,6 +332,8 @@ def _job(d: Mapping[str, Any]) -> SlurmJob:
         job_state=state,
         nice=_int(d, "nice") or 0,
         system_comment=_str(d, "system_comment"),
+        start_time=_int(d, "start_time") or 0,
+        nodes=_str(d, "nodes"),
         held=_bool(d, "hold"),
         state_description=_str(d, "state_description"),
     )

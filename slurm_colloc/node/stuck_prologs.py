@@ -1,0 +1,322 @@
+"""Jobs a restarted slurmd left in their prolog: requeued (issue 28).
+
+When slurmd is killed while a Prolog runs (a site line ahead of colloc's, or colloc's
+own), the slurmd started next never finishes that prolog and never tells slurmctld it
+is over. Slurm (seen on 26.05) then keeps the job ``RUNNING`` with ``Reason=Prolog``
+for good: slurmctld waits for a prolog-complete message no slurmd will send, and the
+node's registration does not clear a job still in its prolog. The job holds its
+shards and never runs; colloc's prolog may never have run for it.
+
+``scontrol requeue`` unsticks such a job without losing it and without draining the
+node (measured: the job is pending again at once and reruns ~15 s later, as any
+requeue; the node stays up). This module decides and does that:
+
+* :func:`decide` (pure): a job allocated on this node, ``RUNNING`` (``CONFIGURING``
+  included) with ``Reason=Prolog``, whose ``start_time`` is before this node's
+  ``slurmd_start_time``, while ``now`` is at least ``stuck_prolog_grace_s`` past that
+  slurmd start. Every fact is Slurm's ``--json`` output (squeue for the jobs, scontrol
+  for the node); a user writes none of them (``state_reason`` and ``start_time`` are
+  slurmctld's), so no user can make root requeue a job or keep it from requeuing.
+* :func:`run` (one round): asks Slurm twice (``scontrol --json show node NAME``,
+  ``squeue --json --states=RUNNING,CONFIGURING --nodelist=NAME``; each bounded by
+  :data:`SLURM_TIMEOUT_S`), requeues at most :data:`MAX_REQUEUES` jobs, logs one
+  ``stuck-prolog: job N: ...`` line per job in ``log_file``. For an attempt colloc's
+  prolog never saw (no saved context in root's MPS state) it spools the attempt's
+  record itself ("requeued: slurmd restarted during its prolog"), since the epilog
+  that follows the requeue has nothing of it to record.
+* :func:`kick` (the trigger, no Slurm call): the node's collector calls it every
+  :data:`LOOK_EVERY_S`; it starts this module detached (at most every
+  :data:`ROUND_EVERY_S`) (``python -I -m
+  slurm_colloc.node.stuck_prologs``) only while a slurmd of this host (a root process
+  named ``slurmd`` in ``/proc``) started between ``stuck_prolog_grace_s`` and
+  ``stuck_prolog_grace_s`` + :data:`WINDOW_S` ago. So slurmctld is asked only in the
+  minutes after a slurmd restart, at most once a minute per node, never on every loop.
+
+Optional trigger without a collector: slurmd's ``HealthCheckProgram`` (runs as root)
+may run ``python -I -m slurm_colloc.node.stuck_prologs``; the same /proc gate applies
+(``--force`` skips it), so a health check every few minutes costs nothing outside the
+window (docs/admin.md 3.10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_colloc import config as cfgmod
+from slurm_colloc import procfs
+from slurm_colloc.detach import spawn_module
+from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
+from slurm_colloc.slurm.squeue_json import SlurmJob
+
+MODULE = "slurm_colloc.node.stuck_prologs"
+LOOK_EVERY_S = 15.0
+"""How often the collector looks at slurmd's start times (a /proc read, no Slurm call)."""
+ROUND_EVERY_S = 60.0
+"""At most one round (two Slurm questions) this often from one collector."""
+WINDOW_S = 480.0
+"""After the grace, for how long the check keeps running once a minute (a failed
+Slurm question or a requeue Slurm refused is asked again within it)."""
+MAX_REQUEUES = 32
+"""At most this many requeues per round (the rest wait for the next round)."""
+SLURM_TIMEOUT_S = 20.0
+"""Each Slurm call's bound."""
+PROLOG_REASON = "Prolog"
+"""``state_reason`` while slurmctld waits for the job's prolog (``WAIT_PROLOG``)."""
+LOG_COMPONENT = "stuck-prolog"
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A job to requeue and why (the log line's text)."""
+
+    job_id: int
+    restarts: int
+    why: str
+
+
+def stuck_in_prolog(job: SlurmJob) -> bool:
+    """RUNNING (CONFIGURING included) and still waiting for its prolog."""
+    return job.job_state.base == "RUNNING" and job.reason == PROLOG_REASON
+
+
+def decide(jobs: Iterable[SlurmJob], slurmd_start: int | None, now: float,
+           grace_s: float) -> list[Stuck]:
+    """The jobs of ``jobs`` (this node's, from Slurm) a restarted slurmd left in their
+    prolog: each started before ``slurmd_start`` (Slurm's ``slurmd_start_time`` of
+    this node) and still waits for its prolog ``grace_s`` after it. Nothing when
+    Slurm gave no slurmd start time or the grace has not passed."""
+    if not slurmd_start or slurmd_start <= 0 or now < slurmd_start + grace_s:
+        return []
+    out = []
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        if stuck_in_prolog(job) and 0 < job.start_time < slurmd_start:
+            out.append(Stuck(job.job_id, job.restarts,
+                             f"allocated at {_when(job.start_time)}, before slurmd "
+                             f"restarted at {_when(slurmd_start)}; Slurm still waits for "
+                             f"its prolog {now - slurmd_start:.0f} s later (Reason=Prolog)"))
+    return out
+
+
+def _when(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+# ------------------------------------------------------------------ the trigger
+def slurmd_starts(proc: str = "/proc") -> list[float]:
+    """When each slurmd process on this host started (epoch s; one on a usual node,
+    one per node on a test host that runs several).
+
+    Only root's processes count (``/proc/<pid>`` owned by uid 0, real uid 0): a user
+    can name a process ``slurmd`` but cannot make it root's, so no user moves these
+    times. Only the trigger reads them; :func:`decide` uses Slurm's own start time."""
+    btime = _boot_time(proc)
+    if btime is None:
+        return []
+    hz = os.sysconf("SC_CLK_TCK")
+    try:
+        pids = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return []
+    out = []
+    for pid_text in pids:
+        comm = procfs.read(f"{proc}/{pid_text}/comm", 64)
+        if comm is None or comm.strip() != b"slurmd":
+            continue
+        pid = int(pid_text)
+        try:
+            if os.stat(f"{proc}/{pid}").st_uid != 0 or procfs.uid(pid, proc) != 0:
+                continue
+        except OSError:
+            continue
+        ticks = procfs.start_ticks(pid, proc)
+        if ticks is not None:
+            out.append(btime + ticks / hz)
+    return sorted(out)
+
+
+def _boot_time(proc: str) -> float | None:
+    for line in (procfs.read(f"{proc}/stat", 1 << 20) or b"").splitlines():
+        if line.startswith(b"btime "):
+            with contextlib.suppress(ValueError):
+                return float(line.split()[1])
+    return None
+
+
+def check_due(starts: Iterable[float], now: float, grace_s: float) -> bool:
+    """Whether a round may find something: a slurmd started between ``grace_s`` and
+    ``grace_s`` + :data:`WINDOW_S` ago."""
+    return any(grace_s <= now - t <= grace_s + WINDOW_S for t in starts)
+
+
+_last_round = [float("-inf")]
+"""When this process last started a round (monotonic s)."""
+
+
+def kick(cfg: cfgmod.CollocConfig, env: Mapping[str, str], *, now: float | None = None,
+         starts: Callable[[], list[float]] = slurmd_starts,
+         spawner: Callable[..., None] = spawn_module,
+         last: list[float] = _last_round) -> bool:
+    """The collector's chore: start one detached round when :func:`check_due` and none
+    was started in the last :data:`ROUND_EVERY_S`; True when one was started. No Slurm
+    call here."""
+    now = time.time() if now is None else now
+    mono = time.monotonic()
+    if mono - last[0] < ROUND_EVERY_S or not check_due(starts(), now,
+                                                        cfg.stuck_prolog_grace_s):
+        return False
+    last[0] = mono
+    spawner(MODULE, (), dict(env))
+    return True
+
+
+# ------------------------------------------------------------------ one round
+def node_name(env: Mapping[str, str]) -> str:
+    """This node's Slurm name: slurmd's ``SLURMD_NODENAME`` (the collector was started
+    by a prolog with slurmd's environment), else the short host name."""
+    import socket
+
+    name = env.get("SLURMD_NODENAME", "")
+    return name if name else socket.gethostname().split(".")[0]
+
+
+def run(cfg: cfgmod.CollocConfig, adapter: SlurmAdapter, node: str,
+        now: float | None = None) -> list[Stuck]:
+    """One round: ask Slurm, requeue what :func:`decide` says. Returns the jobs
+    requeued. SlurmError when Slurm did not answer (nothing done then)."""
+    log = _log(cfg, "-")
+    slurmd_start = adapter.slurmd_start_time(node)
+    jobs = adapter.jobs_on_node(node)
+    now = time.time() if now is None else now
+    done: list[Stuck] = []
+    for s in decide(jobs.values(), slurmd_start, now, cfg.stuck_prolog_grace_s)[:MAX_REQUEUES]:
+        jlog = _log(cfg, s.job_id)
+        try:
+            adapter.requeue(s.job_id)
+        except SlurmError as e:
+            jlog.warning("still in its prolog after slurmd's restart (%s); requeue refused, "
+                         "the admin must act (scontrol requeue or scancel): %s", s.why,
+                         str(e)[:300])
+            continue
+        done.append(s)
+        recorded = _record_lost_attempt(cfg, jobs[s.job_id], node, now)
+        jlog.info("%s: requeued%s", s.why, f"; {recorded}" if recorded else "")
+    if not done:
+        log.debug("nothing stuck in a prolog on %s", node)
+    return done
+
+
+def _prolog_saw(cfg: cfgmod.CollocConfig, job: SlurmJob) -> bool:
+    """Whether colloc's prolog saved this attempt's context on the node (root's MPS
+    state): then the epilog that follows the requeue records the attempt."""
+    from slurm_colloc.mps.tenancy import Tenancy
+
+    text = Tenancy(Path(cfg.mps_root)).read_job_context(job.job_id)
+    if text is None:
+        return False
+    try:
+        d = json.loads(text)
+        return int(d["job_id"]) == job.job_id and int(d["restarts"]) == job.restarts
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _record_lost_attempt(cfg: cfgmod.CollocConfig, job: SlurmJob, node: str,
+                         now: float) -> str:
+    """Spool the record of an attempt colloc's prolog never saw (what the epilog would
+    have written had it known it); '' when the epilog will. Never raises."""
+    from slurm_colloc.accounting import spool as spoolmod
+    from slurm_colloc.accounting.codec import append_attempt, find_token
+    from slurm_colloc.accounting.record import Attempt, Requeue
+    from slurm_colloc.mps.tenancy import ensure_root_dir
+    from slurm_colloc.node.prolog import main_env
+
+    try:
+        if _prolog_saw(cfg, job):
+            return ""
+        mine, other = ((job.system_comment, job.admin_comment)
+                       if cfg.record_field == "system_comment"
+                       else (job.admin_comment, job.system_comment))
+        existing = mine
+        if find_token(mine) is None and (m := find_token(other)) is not None:
+            existing = f"{mine} {m.group(0)}".strip()
+        attempt = Attempt(
+            attempt=job.restarts, node=node, start=job.start_time or None, end=int(now),
+            requeue=Requeue(requeued=True,
+                            reason="slurmd restarted during its prolog; colloc requeued it"))
+        text = append_attempt(existing, attempt, max_bytes=cfg.admin_comment_max_bytes)
+        sdir = ensure_root_dir(spoolmod.spool_dir_of(cfg.evidence_dir), 0o700)
+        spoolmod.write_entry(sdir, job.job_id, job.restarts, text)
+        spoolmod.kick(sdir, main_env(os.environ), job_id=job.job_id)
+        return f"attempt {job.restarts}'s record spooled (colloc's prolog never ran for it)"
+    except Exception as e:  # noqa: BLE001 - the requeue is done; the record is extra
+        return f"attempt {job.restarts}'s record not spooled: {type(e).__name__}: {e}"
+
+
+def _log(cfg: cfgmod.CollocConfig, job: object) -> logging.LoggerAdapter[logging.Logger]:
+    from slurm_colloc.node.logging_setup import node_logger
+
+    return node_logger(LOG_COMPONENT, job, cfg.log_file)
+
+
+def _round_lock(cfg: cfgmod.CollocConfig) -> int | None:
+    """One round at a time on the node (root's 0700 late-epilog state directory)."""
+    from slurm_colloc.mps import missed_epilogs
+    from slurm_colloc.mps.tenancy import ensure_root_dir
+
+    sdir = ensure_root_dir(missed_epilogs.state_dir(cfg.evidence_dir), 0o700)
+    fd = os.open(sdir / "stuck-prologs.lock",
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+_ARGS = re.compile(r"--force")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -I -m slurm_colloc.node.stuck_prologs [--force]``: one round when
+    slurmd restarted recently (``--force``: regardless); always exits 0."""
+    from slurm_colloc.node.logging_setup import node_logger
+    from slurm_colloc.node.prolog import main_env
+    from slurm_colloc.slurm.adapter import SlurmCli
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    log: logging.LoggerAdapter[logging.Logger] = node_logger(LOG_COMPONENT, "-", None)
+    try:
+        cfg = cfgmod.load()
+        log = _log(cfg, "-")
+        force = any(_ARGS.fullmatch(a) for a in args)
+        if not force and not check_due(slurmd_starts(), time.time(),
+                                       cfg.stuck_prolog_grace_s):
+            return 0
+        fd = _round_lock(cfg)
+        if fd is None:
+            return 0
+        try:
+            run(cfg, SlurmCli(env=main_env(os.environ), timeout=SLURM_TIMEOUT_S),
+                node_name(os.environ))
+        except SlurmError as e:  # "did not answer" is never "nothing stuck"
+            log.warning("slurmctld did not answer, asked again later: %s", str(e)[:300])
+        finally:
+            os.close(fd)
+    except Exception as e:  # noqa: BLE001 - a detached helper: log and end
+        log.error("internal error, nothing done: %s: %s", type(e).__name__, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
