@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_colloc import procfs, waits
+from slurm_colloc import priority, procfs, waits
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
@@ -372,6 +372,7 @@ class MpsDaemon:
             if ident is not None:
                 if self._socket_present():
                     ident.save(self._state)
+                    priority.give_back(ident.pid)  # started by a raised lock holder
                     return
                 why = f"no control socket in {self.pipe_dir}"
             time.sleep(0.02)

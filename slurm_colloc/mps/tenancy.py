@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_colloc import safe_tree, waits
+from slurm_colloc import priority, safe_tree, waits
 
 LOCK_TIMEOUT_S = 60.0
 """Longest a prolog/epilog waits for a GPU's lock; every holder's work is bounded
@@ -96,6 +96,8 @@ def _flocked(path: Path, what: str, timeout: float) -> Iterator[None]:
     The wait blocks in the kernel (:func:`_wait_flock`), not in a sleep loop: under a
     burst tens of prologs wait for one GPU, and 20 wake-ups a second each cost the
     node's CPUs, and the holder's, for nothing (issue 28: prolog p99 under a burst).
+    The holder runs at a raised priority (:mod:`slurm_colloc.priority`): the waiters'
+    wall time is its wall time.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
@@ -104,7 +106,8 @@ def _flocked(path: Path, what: str, timeout: float) -> Iterator[None]:
         if not taken:
             raise TenancyError(
                 f"{what}: lock held for over {timeout:.0f}s by another prolog/epilog")
-        yield
+        with priority.boosted():  # others wait for this holder (issue 28)
+            yield
     finally:
         os.close(fd)
 

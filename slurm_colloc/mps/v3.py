@@ -97,7 +97,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_colloc import procfs
+from slurm_colloc import priority, procfs
 from slurm_colloc.mps.control import DaemonIdentity, read_small_file, write_root_file
 from slurm_colloc.mps.tenancy import ensure_root_dir
 from slurm_colloc.units import SizeError, parse_size_mib
@@ -476,6 +476,7 @@ class MpsV3Node:
             raise MpsV3Error(f"{' '.join(argv)} exited {rc}: {(err or out).strip()[:500]}")
         ident = self._await_daemon()
         ident.save(self.state_dir / IDENTITY_FILE)
+        priority.give_back(ident.pid)  # started by a raised lock holder (issue 28)
         try:
             listed = {s["name"]: s for s in self.servers()}
             missing = [server_name(i) for i in wanted if server_name(i) not in listed]
@@ -798,6 +799,7 @@ class MpsV3Node:
             ticks = procfs.start_ticks(pid) if pid else None
             if ticks is not None and procfs.parent(pid) == ident.pid:
                 known.add((pid, ticks))
+                priority.give_back(pid)  # a server the start made: not at the holder's priority
         write_root_file(self.state_dir / SERVERS_FILE, json.dumps(sorted(known)))
 
     def _servers(self) -> list[procfs.Process]:

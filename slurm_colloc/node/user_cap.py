@@ -18,6 +18,9 @@ How it stays correct, with two root-owned counters under ``gpu<i>/uid<u>/``:
   registered limits (every registration up to N is on disk: its files were written
   before its bump), applies the sum and writes ``done`` = N.
 
+The committer runs at a raised priority while it holds the cap lock
+(:mod:`slurm_colloc.priority`): the waiters' wall time is its wall time.
+
 The job returns only once a commit covering it succeeded, so it never starts with a
 cap below its co-tenants' and its own share (issue 24's OOM inside a reservation).
 The daemon cannot be stopped while the job is registered (the user's last job stops
@@ -55,6 +58,6 @@ def commit(tenancy: Tenancy, gpu: int, uid: int, ticket: int,
         if tenancy.read_counter(gpu, uid, "done") >= ticket:
             return False  # an earlier commit covered this registration
         wanted = max(tenancy.read_counter(gpu, uid, "want"), ticket)
-        apply(total_mib())
+        apply(total_mib())  # at the lock holder's raised priority (slurm_colloc.priority)
         tenancy.write_counter(gpu, uid, "done", wanted)
         return True

@@ -233,3 +233,31 @@ def test_a_cap_the_daemon_did_not_take_is_an_error() -> None:
                                     "runs": 0})
     with pytest.raises(MpsControlError, match="did not take the cap"):
         d.cap_user(4096)
+
+
+def test_a_lock_holder_runs_ahead_and_a_daemon_it_starts_does_not(tmp_path: Path) -> None:
+    """Issue 28: under a burst the GPU's prologs waited seconds for a lock holder that
+    started an MPS daemon or committed the cap on busy CPUs. A holder of root's locks
+    runs at ``priority.HOLDER_NICE`` (root) and gets its own priority back at release;
+    the daemon it started is given the holder's old priority as soon as it is up, so
+    no MPS server it spawns later inherits the raised one."""
+    from slurm_colloc import priority
+
+    t = Tenancy(tmp_path / "mps")
+    pipe, logdir = t.prepare_user_dirs(0, os.getuid())
+    d = MpsDaemon(STANDIN, 0, pipe, logdir, t.daemon_state(0, os.getuid()))
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    root = os.geteuid() == 0
+    try:
+        with t.locked(0):
+            held = os.getpriority(os.PRIO_PROCESS, 0)
+            with t.cap_locked(0, os.getuid()):  # nested: no second raise, no early drop
+                assert os.getpriority(os.PRIO_PROCESS, 0) == held
+            assert os.getpriority(os.PRIO_PROCESS, 0) == held
+            d.start()
+        assert held == (priority.HOLDER_NICE if root else before)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == before
+        pid = d.pid()
+        assert pid is not None and os.getpriority(os.PRIO_PROCESS, pid) == before
+    finally:
+        d.stop()

@@ -182,3 +182,38 @@ def test_a_commit_that_cannot_run_takes_mps_back_from_its_job(
     assert t.jobs_of(0, 0) == [6]
     assert not t.job_env_file(7).exists() and t.read_job_limits(7) is None
     assert t.read_job_limits(6) is not None
+
+
+def test_the_committer_and_its_control_program_run_ahead_while_others_wait(
+        tmp_path: Path) -> None:
+    """Issue 28: under a burst the committer used 0.2 s of CPU over 3-4 s of wall while
+    the GPU's other prologs waited on its lock. While it applies the cap it runs at
+    ``priority.HOLDER_NICE`` (root), and so does the control program it starts; before
+    and after, its own priority."""
+    import subprocess
+    import sys
+
+    from slurm_colloc import priority
+
+    t = Tenancy(tmp_path / "mps")
+    k = _register(t, 10, 1024)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: list[tuple[int, int]] = []
+
+    def apply(mib: int) -> None:
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(0, 0))"],
+                               capture_output=True, text=True, check=True, timeout=60)
+        seen.append((os.getpriority(os.PRIO_PROCESS, 0), int(child.stdout)))
+
+    assert user_cap.commit(t, 0, 0, k, lambda: _total(t), apply)
+    want = priority.HOLDER_NICE if os.geteuid() == 0 else before
+    assert seen == [(want, want)]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # given back
+
+    def failing(mib: int) -> None:
+        raise MpsControlError("refused")
+
+    k2 = _register(t, 11, 1024)
+    with pytest.raises(MpsControlError):
+        user_cap.commit(t, 0, 0, k2, lambda: _total(t), failing)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before  # given back on failure too

@@ -1,0 +1,65 @@
+"""A node script that others wait for runs ahead of the node's other work while they wait.
+
+Why (issue 28): under a burst of 150 job starts the one prolog per GPU that commits
+the (GPU, user) MPS cap (:mod:`slurm_colloc.node.user_cap`) used 0.2 s of CPU but
+took 3-4 s of wall in its two runs of the control program, queued for the node's busy
+CPUs behind ~40 other prologs' interpreter starts, the ending jobs' epilogs and the
+jobs themselves; the GPU's other prologs waited on its lock, so the burst's p99 was
+two or three such commits long (and likewise for a GPU lock held while an MPS daemon
+starts or stops). Priority inheritance by hand: a holder of one of root's locks
+(:func:`slurm_colloc.mps.tenancy._flocked`), and the short-lived programs it runs,
+which inherit the nice value, run at :data:`HOLDER_NICE`; the lock's release gives the
+process back what it had.
+
+A daemon started under a lock (the MPS control daemon) is given the holder's own
+priority back as soon as it is up (:func:`give_back`), before any MPS server or client
+exists, so nothing long-lived keeps the raised priority.
+
+Root only: an unprivileged caller (a test) keeps its priority, the work is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+HOLDER_NICE = -10
+"""The nice value of a lock holder that other prologs wait for (Slurm's daemons run at 0)."""
+
+
+_base: list[int] = []
+"""The nice value each raise replaced (innermost last): what :func:`give_back` restores."""
+
+
+@contextlib.contextmanager
+def boosted(nice: int = HOLDER_NICE) -> Iterator[bool]:
+    """Run the block at ``nice`` when that is higher priority than now; yields whether
+    the priority was raised. Restored afterwards, also when the block raises."""
+    try:
+        old = os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        yield False
+        return
+    raised = False
+    if nice < old:
+        with contextlib.suppress(OSError):  # not root: the same work at normal priority
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            raised = True
+    if raised:
+        _base.append(old)
+    try:
+        yield raised
+    finally:
+        if raised:
+            _base.pop()
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, old)
+
+
+def give_back(pid: int) -> None:
+    """A long-lived process started while this one was raised gets the priority this
+    one had before (no-op when not raised; a vanished process is ignored)."""
+    if _base:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, pid, _base[0])
