@@ -2,7 +2,7 @@
 
 When slurmd is killed while a Prolog runs (a site line ahead of colloc's, or colloc's
 own), the slurmd started next never finishes that prolog and never tells slurmctld it
-is over. Slurm (seen on 26.05) then keeps the job ``RUNNING`` with ``Reason=Prolog``
+is over. Slurm (seen on 26.05 and 24.11) then keeps the job ``RUNNING`` with ``Reason=Prolog``
 for good: slurmctld waits for a prolog-complete message no slurmd will send, and the
 node's registration does not clear a job still in its prolog. The job holds its
 shards and never runs; colloc's prolog may never have run for it.
