@@ -266,13 +266,14 @@ class _Entry:
     """When (monotonic) a round last looked at it."""
 
 
-def _due(e: Entry, state: dict[Path, _Entry], now: float) -> bool:
+def _due(e: Entry, state: dict[Path, _Entry], now: float, eager: bool = False) -> bool:
     """Worth a look this round: a pending entry with tries left in this run, a
     confirming one not re-read in the last :data:`CONFIRM_EVERY_S` (by this run, or
-    by any: :meth:`slurm_colloc.accounting.spool.Entry.due`)."""
+    by any: :meth:`slurm_colloc.accounting.spool.Entry.due`; ``eager``: this run
+    found a replaced record, so every confirming entry it has not looked at yet)."""
     st = state.get(e.path)
     if st is None:
-        return e.due()  # a confirming one: not looked at in the last minute by anyone
+        return eager or e.due()
     if e.confirming:
         return now - st.checked >= CONFIRM_EVERY_S
     return st.tries < TRIES
@@ -303,6 +304,9 @@ class _Round:
     error: str = ""
     held: set[int] | None = None
     asked: frozenset[int] = frozenset()
+    replaced: bool = False
+    """A confirming entry's record was no longer in accounting (slurmctld restarted:
+    the other jobs it held are likely replaced too)."""
 
 
 def _texts(group: list[Entry], log: logging.LoggerAdapter[Any]) -> dict[Path, str]:
@@ -395,6 +399,7 @@ def _replay_job(adapter: SlurmAdapter, job: int, group: list[Entry], rnd: _Round
             spoolmod.note_error(e, f"written; not re-read: {rnd.error}")
         elif not _holds(rows, have, texts[e.path], field, e.confirming):
             if e.confirming:
+                rnd.replaced = True
                 log.warning("attempt %s: the record written %.0f s ago is no longer in "
                             "accounting (slurmctld re-sent the job with its own copy?): "
                             "to be written again", e.attempt, e.age())
@@ -448,10 +453,12 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
     job's end counts from when it was spooled, not from when this writer started."""
     state: dict[Path, _Entry] = {}
     written, delay = 0, pause
+    eager = False
     started, rounds = time.monotonic(), 0
     while True:
         now = time.monotonic()
-        found = _batch([e for e in spoolmod.entries(spool_dir) if _due(e, state, now)], state)
+        found = _batch([e for e in spoolmod.entries(spool_dir)
+                        if _due(e, state, now, eager)], state)
         if not found or now - started > RUN_S:
             return written
         fresh = any(e.path not in state for e in found)
@@ -472,8 +479,9 @@ def drain(adapter: SlurmAdapter, spool_dir: Path, log_for: LogFor, *, wait: floa
         for job, group in groups.items():
             written += _replay_job(adapter, job, group, rnd, state, log_for(job), wait=wait,
                                    pause=pause, field=field, max_bytes=max_bytes, seen=seen)
+        eager = eager or rnd.replaced
         now = time.monotonic()
-        if rounds == max_rounds or not any(_due(e, state, now)
+        if rounds == max_rounds or not any(_due(e, state, now, eager)
                                            for e in spoolmod.entries(spool_dir)):
             return written
         delay = pause if written > before or fresh else min(MAX_PAUSE_S, delay * 2)

@@ -277,3 +277,22 @@ def test_admin_listing_shows_confirming_apart(spool: Path) -> None:
     rows = {ln.split()[0]: ln.split() for ln in lines[2:]}
     assert rows[str(JOB)][3] == "pending" and rows[str(OTHER)][3] == "confirming"
     assert " ".join(rows[str(OTHER)]).endswith("(re-read for 300 s)")
+
+
+def test_a_replaced_record_has_every_confirming_entry_looked_at_at_once(
+        spool: Path, clock: FakeClock) -> None:
+    """slurmctld's restart replaces every job it held: the writer that finds one
+    replaced record re-reads the other confirming entries too, even those another
+    writer looked at moments ago (measured: the second job's record came back 60 s
+    after the first's without this)."""
+    s = _requeued_job_written(spool)
+    _later(spool, clock)
+    other = next(e for e in spoolmod.entries(spool) if e.job_id == OTHER)
+    spoolmod.note_error(other, "looked at just now by another writer")
+    assert not other.due()
+    s.restart_replaces(JOB, REC_0)
+    s.restart_replaces(OTHER, "")
+    s.writes.clear()
+    record_writer.run_writer(spool, s, _log)
+    assert _attempts(s.comment[JOB]) == [0, 1] and _attempts(s.comment[OTHER]) == [0]
+    assert sorted(j for j, _ in s.writes) == [JOB, OTHER]
