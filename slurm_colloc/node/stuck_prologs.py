@@ -306,11 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         fd = _round_lock(cfg)
         if fd is None:
             return 0
+        node = node_name(os.environ)
         try:
-            run(cfg, SlurmCli(env=main_env(os.environ), timeout=SLURM_TIMEOUT_S),
-                node_name(os.environ))
+            run(cfg, SlurmCli(env=main_env(os.environ), timeout=SLURM_TIMEOUT_S), node)
         except SlurmError as e:  # "did not answer" is never "nothing stuck"
-            log.warning("slurmctld did not answer, asked again later: %s", str(e)[:300])
+            log.warning("Slurm gave no answer about node %s (is that slurmd's NodeName? "
+                        "SLURMD_NODENAME, else the host name), asked again later: %s",
+                        node, str(e)[:300])
         finally:
             os.close(fd)
     except Exception as e:  # noqa: BLE001 - a detached helper: log and end

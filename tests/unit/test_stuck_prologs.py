@@ -348,3 +348,18 @@ def test_the_grace_is_a_checked_config_value() -> None:
     for bad in (0.0, 5.0, 7200.0):
         with pytest.raises(ConfigError):
             from_mapping({"stuck_prolog_grace_s": bad})
+
+
+def test_a_round_slurm_does_not_answer_is_logged_with_the_node_it_asked_about(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = cfg_of(tmp_path)
+    monkeypatch.setattr(cfgmod, "load", lambda *a, **k: cfg)
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu17")
+
+    def run(*a: Any, **k: Any) -> None:
+        raise SlurmError("scontrol: error: Node gpu17 not found")
+
+    monkeypatch.setattr(sp, "run", run)
+    assert sp.main(["--force"]) == 0
+    log = Path(cfg.log_file).read_text()
+    assert "Slurm gave no answer about node gpu17" in log and "not found" in log
