@@ -590,8 +590,8 @@ def _chores(cfg: CollocConfig, c: Collector, due: dict[str, float]) -> None:
     the node's record writer while root's spool holds records accounting has not
     confirmed (every :data:`slurm_colloc.accounting.spool.REPLAY_EVERY_S`), so a
     record reaches accounting soon after slurmdbd is back even if no job ends."""
+    from slurm_colloc import slurmd_watch
     from slurm_colloc.accounting import spool
-    from slurm_colloc.node import stuck_prologs
 
     now = time.monotonic()
     if now >= due.get("prune", 0.0):
@@ -609,8 +609,8 @@ def _chores(cfg: CollocConfig, c: Collector, due: dict[str, float]) -> None:
         c._guarded("release confirmation", lambda: release_confirm.kick(
             release_confirm.state_dir(cfg.evidence_dir), dict(os.environ), time.time()))
     if now >= due.get("stuck-prologs", 0.0):  # issue 28: a /proc read; Slurm only after
-        due["stuck-prologs"] = now + stuck_prologs.LOOK_EVERY_S  # a slurmd restart
-        c._guarded("stuck prologs", lambda: stuck_prologs.kick(cfg, dict(os.environ)))
+        due["stuck-prologs"] = now + slurmd_watch.LOOK_EVERY_S  # a slurmd restart
+        c._guarded("stuck prologs", lambda: slurmd_watch.kick(cfg, dict(os.environ)))
 
 
 def _late_epilogs(cfg: CollocConfig) -> None:

@@ -24,12 +24,13 @@ requeue; the node stays up). This module decides and does that:
   prolog never saw (no saved context in root's MPS state) it spools the attempt's
   record itself ("requeued: slurmd restarted during its prolog"), since the epilog
   that follows the requeue has nothing of it to record.
-* :func:`kick` (the trigger, no Slurm call): the node's collector calls it every
-  :data:`LOOK_EVERY_S`; it starts this module detached (at most every
-  :data:`ROUND_EVERY_S`) (``python -I -m
+* :func:`~slurm_colloc.slurmd_watch.kick` (the trigger, no Slurm call, in
+  :mod:`slurm_colloc.slurmd_watch` so that the collector can call it): the node's
+  collector calls it every ``LOOK_EVERY_S``; it starts this module detached (at most
+  every ``ROUND_EVERY_S``) (``python -I -m
   slurm_colloc.node.stuck_prologs``) only while a slurmd of this host (a root process
   named ``slurmd`` in ``/proc``) started between ``stuck_prolog_grace_s`` and
-  ``stuck_prolog_grace_s`` + :data:`WINDOW_S` ago. So slurmctld is asked only in the
+  ``stuck_prolog_grace_s`` + ``WINDOW_S`` ago. So slurmctld is asked only in the
   minutes after a slurmd restart, at most once a minute per node, never on every loop.
 
 Optional trigger without a collector: slurmd's ``HealthCheckProgram`` (runs as root)
@@ -40,7 +41,6 @@ window (docs/admin.md 3.10).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import logging
@@ -48,24 +48,18 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_colloc import config as cfgmod
-from slurm_colloc import procfs
-from slurm_colloc.detach import spawn_module
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
 from slurm_colloc.slurm.squeue_json import SlurmJob
+from slurm_colloc.slurmd_watch import (  # the trigger, below the metrics layer
+    check_due,
+    slurmd_starts,
+)
 
-MODULE = "slurm_colloc.node.stuck_prologs"
-LOOK_EVERY_S = 15.0
-"""How often the collector looks at slurmd's start times (a /proc read, no Slurm call)."""
-ROUND_EVERY_S = 60.0
-"""At most one round (two Slurm questions) this often from one collector."""
-WINDOW_S = 480.0
-"""After the grace, for how long the check keeps running once a minute (a failed
-Slurm question or a requeue Slurm refused is asked again within it)."""
 MAX_REQUEUES = 32
 """At most this many requeues per round (the rest wait for the next round)."""
 SLURM_TIMEOUT_S = 20.0
@@ -109,74 +103,6 @@ def decide(jobs: Iterable[SlurmJob], slurmd_start: int | None, now: float,
 
 def _when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
-
-
-# ------------------------------------------------------------------ the trigger
-def slurmd_starts(proc: str = "/proc") -> list[float]:
-    """When each slurmd process on this host started (epoch s; one on a usual node,
-    one per node on a test host that runs several).
-
-    Only root's processes count (``/proc/<pid>`` owned by uid 0, real uid 0): a user
-    can name a process ``slurmd`` but cannot make it root's, so no user moves these
-    times. Only the trigger reads them; :func:`decide` uses Slurm's own start time."""
-    btime = _boot_time(proc)
-    if btime is None:
-        return []
-    hz = os.sysconf("SC_CLK_TCK")
-    try:
-        pids = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return []
-    out = []
-    for pid_text in pids:
-        comm = procfs.read(f"{proc}/{pid_text}/comm", 64)
-        if comm is None or comm.strip() != b"slurmd":
-            continue
-        pid = int(pid_text)
-        try:
-            if os.stat(f"{proc}/{pid}").st_uid != 0 or procfs.uid(pid, proc) != 0:
-                continue
-        except OSError:
-            continue
-        ticks = procfs.start_ticks(pid, proc)
-        if ticks is not None:
-            out.append(btime + ticks / hz)
-    return sorted(out)
-
-
-def _boot_time(proc: str) -> float | None:
-    for line in (procfs.read(f"{proc}/stat", 1 << 20) or b"").splitlines():
-        if line.startswith(b"btime "):
-            with contextlib.suppress(ValueError):
-                return float(line.split()[1])
-    return None
-
-
-def check_due(starts: Iterable[float], now: float, grace_s: float) -> bool:
-    """Whether a round may find something: a slurmd started between ``grace_s`` and
-    ``grace_s`` + :data:`WINDOW_S` ago."""
-    return any(grace_s <= now - t <= grace_s + WINDOW_S for t in starts)
-
-
-_last_round = [float("-inf")]
-"""When this process last started a round (monotonic s)."""
-
-
-def kick(cfg: cfgmod.CollocConfig, env: Mapping[str, str], *, now: float | None = None,
-         starts: Callable[[], list[float]] = slurmd_starts,
-         spawner: Callable[..., None] = spawn_module,
-         last: list[float] = _last_round) -> bool:
-    """The collector's chore: start one detached round when :func:`check_due` and none
-    was started in the last :data:`ROUND_EVERY_S`; True when one was started. No Slurm
-    call here."""
-    now = time.time() if now is None else now
-    mono = time.monotonic()
-    if mono - last[0] < ROUND_EVERY_S or not check_due(starts(), now,
-                                                        cfg.stuck_prolog_grace_s):
-        return False
-    last[0] = mono
-    spawner(MODULE, (), dict(env))
-    return True
 
 
 # ------------------------------------------------------------------ one round

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from slurm_colloc import config as cfgmod
+from slurm_colloc import slurmd_watch
 from slurm_colloc.accounting import spool as spoolmod
 from slurm_colloc.accounting.codec import decode, find_token
 from slurm_colloc.config import CollocConfig, ConfigError, from_mapping
@@ -263,11 +264,11 @@ def test_slurmds_start_is_read_from_roots_processes_only(tmp_path: Path) -> None
     hz = os.sysconf("SC_CLK_TCK")
     proc = fake_proc(tmp_path, {10: ("slurmd", 0, 50 * hz), 11: ("slurmd", 1000, 90 * hz),
                                 12: ("slurmstepd", 0, 80 * hz), 13: ("bash", 0, 95 * hz)})
-    assert sp.slurmd_starts(proc) == [1050]  # a user's "slurmd" (uid 1000) moves nothing
+    assert slurmd_watch.slurmd_starts(proc) == [1050]  # a user's "slurmd" (uid 1000) moves nothing
     if os.geteuid() == 0:  # a process whose /proc entry is not root's is not root's
         os.chown(Path(proc) / "10", 1000, 1000)
-        assert sp.slurmd_starts(proc) == []
-    assert sp.slurmd_starts(str(tmp_path / "none")) == []
+        assert slurmd_watch.slurmd_starts(proc) == []
+    assert slurmd_watch.slurmd_starts(str(tmp_path / "none")) == []
 
 
 def test_the_trigger_starts_a_round_only_in_the_minutes_after_a_slurmd_restart(
@@ -280,16 +281,16 @@ def test_the_trigger_starts_a_round_only_in_the_minutes_after_a_slurmd_restart(
 
     def kick(*ages: float) -> bool:
         now = 10_000.0
-        return sp.kick(cfg, {"SLURMD_NODENAME": NODE}, now=now, spawner=spawner,
+        return slurmd_watch.kick(cfg, {"SLURMD_NODENAME": NODE}, now=now, spawner=spawner,
                        starts=lambda: [now - a for a in ages], last=[float("-inf")])
 
     assert not kick() and not kick(60) and not kick(cfg.stuck_prolog_grace_s - 1)
-    assert kick(cfg.stuck_prolog_grace_s) and kick(cfg.stuck_prolog_grace_s + sp.WINDOW_S)
-    assert not kick(cfg.stuck_prolog_grace_s + sp.WINDOW_S + 1)
+    assert kick(cfg.stuck_prolog_grace_s) and kick(cfg.stuck_prolog_grace_s + slurmd_watch.WINDOW_S)
+    assert not kick(cfg.stuck_prolog_grace_s + slurmd_watch.WINDOW_S + 1)
     assert not kick(86400)
     # several slurmds on one host (a test host's nodes): one restarted later hides none
     assert kick(cfg.stuck_prolog_grace_s + 30, 5)
-    assert started == [(sp.MODULE, ())] * 3
+    assert started == [(slurmd_watch.MODULE, ())] * 3
 
 
 def test_one_collector_starts_a_round_at_most_once_a_minute(tmp_path: Path) -> None:
@@ -297,11 +298,11 @@ def test_one_collector_starts_a_round_at_most_once_a_minute(tmp_path: Path) -> N
     started: list[str] = []
     last = [float("-inf")]
     for _ in range(3):
-        sp.kick(cfg, {}, now=10_000.0, spawner=lambda m, a, e: started.append(m),
+        slurmd_watch.kick(cfg, {}, now=10_000.0, spawner=lambda m, a, e: started.append(m),
                 starts=lambda: [10_000.0 - cfg.stuck_prolog_grace_s - 1], last=last)
-    assert started == [sp.MODULE]
-    last[0] -= sp.ROUND_EVERY_S
-    assert sp.kick(cfg, {}, now=10_000.0, spawner=lambda m, a, e: started.append(m),
+    assert started == [slurmd_watch.MODULE]
+    last[0] -= slurmd_watch.ROUND_EVERY_S
+    assert slurmd_watch.kick(cfg, {}, now=10_000.0, spawner=lambda m, a, e: started.append(m),
                    starts=lambda: [10_000.0 - cfg.stuck_prolog_grace_s - 1], last=last)
 
 
@@ -334,12 +335,12 @@ def test_the_collector_looks_every_few_seconds_without_asking_slurm(monkeypatch:
                 fn()
 
     kicks: list[Any] = []
-    monkeypatch.setattr(sp, "kick", lambda c, env: kicks.append(c))
+    monkeypatch.setattr(slurmd_watch, "kick", lambda c, env: kicks.append(c))
     due: dict[str, float] = {}
     collector._chores(cfg, C(), due)  # type: ignore[arg-type]
     collector._chores(cfg, C(), due)  # type: ignore[arg-type]
     assert chores.count("stuck prologs") == 1 and kicks == [cfg]
-    assert due["stuck-prologs"] > time.monotonic() + sp.LOOK_EVERY_S - 1
+    assert due["stuck-prologs"] > time.monotonic() + slurmd_watch.LOOK_EVERY_S - 1
 
 
 def test_the_grace_is_a_checked_config_value() -> None:
