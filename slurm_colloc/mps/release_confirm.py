@@ -18,7 +18,9 @@ and the plan. The node's collector looks at these files every :data:`LOOK_EVERY_
 The rule, on Slurm's ``--json`` answer only (no user-written field is read):
 
 * the job unknown to Slurm, another restart count than the one colloc's hold began
-  (``attempt + 1``), another uid, or not PENDING (running, ended): done, marker removed;
+  (``attempt + 1``), another uid, or not PENDING (running, ended): done, marker removed
+  (a restart count below it, same uid: slurmctld lost the requeue itself, logged as an
+  error; nothing is redone);
 * PENDING and not held, seen by a controller that answered :data:`CONFIRM_AFTER_S` or
   more after the release: done (slurmctld saves a changed job within seconds, so a
   release it still shows then survives a later restart);
@@ -74,7 +76,7 @@ CONFIRM_MODULE = "slurm_colloc.node.requeue_retry"
 HELD_TEXT = "job requeued in held state"
 """slurmctld's ``state_description`` after ``scontrol requeuehold``."""
 
-Action = Literal["wait", "release", "done", "give_up"]
+Action = Literal["wait", "release", "done", "give_up", "lost"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,9 @@ def decide(m: Marker, job: SlurmJob | None, now: float, *, answered: bool = True
                        "slurmctld did not answer")
     if job is None:
         return Verdict("done", m, "unknown to Slurm")
+    if job.restarts < m.held_attempt and job.user_id == m.uid:
+        return Verdict("lost", m, f"Slurm shows restart {job.restarts} ({job.state}): the "
+                       f"requeue it accepted is not in its state (slurmctld lost it)")
     if job.restarts != m.held_attempt or job.user_id != m.uid:
         return Verdict("done", m, f"Slurm shows uid {job.user_id} restart {job.restarts}, "
                        f"colloc's hold was uid {m.uid} restart {m.held_attempt}")

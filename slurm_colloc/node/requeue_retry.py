@@ -201,6 +201,9 @@ def _confirm_one(sdir: Path, m: Any, v: Any, adapter: SlurmAdapter, log: Any) ->
     elif v.action == "give_up":
         rc.drop(sdir, m)
         log.error("attempt %s: release confirmation given up: %s", m.attempt, v.why)
+    elif v.action == "lost":
+        rc.drop(sdir, m)
+        log.error("attempt %s: requeue lost: %s", m.attempt, v.why)
     else:
         rc.write_marker(sdir, v.marker)  # counted before acting: bounded even if we die
         try:

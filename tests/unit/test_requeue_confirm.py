@@ -116,12 +116,23 @@ def test_held_by_the_requeue_is_released_again_and_looked_at_later() -> None:
     (sjob("COMPLETED"), "COMPLETED"),
     (None, "unknown to Slurm"),
     (requeue_held(restarts=2), "restart 2"),  # it ran again and was held anew: not ours
-    (requeue_held(restarts=0), "restart 0"),  # the hold itself was lost: nothing to release
     (requeue_held(uid=4242), "uid 4242"),
 ])
 def test_anything_but_the_held_attempt_ends_the_watch(job: SlurmJob | None, why: str) -> None:
     v = rc.decide(marker(), job, T0 + 40)
     assert v.action == "done" and why in v.why
+
+
+def test_a_requeue_slurmctld_lost_itself_is_said_loudly(tmp_path: Path, caplog, capfd) -> None:
+    """The restarted slurmctld's state predates the hold: nothing to release, and the
+    log says the requeue was lost (an error line, not "confirmed")."""
+    v = rc.decide(marker(), sjob("FAILED", restarts=0), T0 + 40)
+    assert v.action == "lost" and "restart 0 (FAILED)" in v.why
+    path = kept(tmp_path)
+    slurm = Slurm(sjob("FAILED", restarts=0))
+    round_at(tmp_path, slurm, T0 + 31)
+    assert not path.exists() and slurm.calls == []
+    assert "attempt 0: requeue lost: Slurm shows restart 0" in logged(caplog, capfd)
 
 
 def test_pending_released_is_confirmed_only_after_a_while() -> None:
