@@ -14,17 +14,19 @@ each job's end (``sacct``: slurmdbd, not slurmctld, so no load on the controller
 slurmctld is asked only about records written minutes ago, below), writes with
 sacctmgr (the encoding survives its lowercasing) and reads it back.
 
-**Written is not yet kept** (issue 28: with slurmctld SIGKILLed shortly after a job
-ended, its restart re-sent the job to slurmdbd with its own AdminComment, empty or
-the requeue's carry, replacing a record colloc had written and read back: 1 of 3
-records lost). A record read back in accounting is therefore not removed: its
-entry becomes *confirming* (``<name>.confirming``,
+**Written is not yet kept** (issue 28: a slurmctld SIGKILLed and restarted while it
+still held an ended job re-sent the job to slurmdbd with its own AdminComment, empty
+or the requeue's carry, replacing the record colloc had written and read back: 1 of
+3 records lost in CI). A record read back in accounting is therefore not removed:
+its entry becomes *confirming* (``<name>.confirming``,
 :func:`slurm_colloc.accounting.spool.mark_written`) and every replay re-reads
 accounting for it (at most every :data:`CONFIRM_EVERY_S`, in the round's one
-``sacct``) and writes it again, merged as below, if it was replaced. It is removed
-once slurmctld no longer holds the job (one batched ``squeue --jobs`` per round,
-asked only for entries written :data:`CONFIRM_MIN_S` ago: Slurm's default
-``MinJobAge``; a controller that does not answer is never "forgotten") or after
+``sacct``) and writes it again, merged as below, if it was replaced (one replaced
+record found, every confirming entry is re-read at once: the restart replaces every
+ended job slurmctld still held). It is removed once slurmctld no longer holds the
+job (one batched ``squeue --jobs`` per round, asked only for entries written
+:data:`CONFIRM_MIN_S` ago: Slurm's default ``MinJobAge``; a controller that does not
+answer is never "forgotten") or after
 :data:`slurm_colloc.accounting.spool.CONFIRM_MAX_S`. A writer with nothing but
 confirming entries not yet due exits; the collector's kick brings one back.
 

@@ -25,10 +25,14 @@ from tests.e2e.conftest import _BASE, LOG_KEEP, TEST_ROOT
 
 pytestmark = pytest.mark.devcluster
 
-ROWS = ["slurmdbd@epilog", "mariadb@epilog", "collector-supervisor@running", "statefs@epilog:10"]
-"""slurmctld rows are in the benchmark only: ``slurmctld@prolog`` lost 1 of 3 records in
-one CI run (2026-11-28; the issue's note), a finding still open, and
-tests/e2e/test_fault_controller.py covers slurmctld away at an epilog."""
+ROWS = ["slurmctld@prolog", "slurmdbd@epilog", "mariadb@epilog", "collector-supervisor@running",
+        "statefs@epilog:10"]
+"""``slurmctld@prolog`` lost 1 of 3 records in one CI run (2026-11-28): slurmctld's
+restart re-sent a job that had ended with its own AdminComment, replacing the record
+colloc had written and read back. The record writer now keeps written records
+confirming and writes a replaced one again (issue 28); the row is back. The other
+slurmctld rows are in the benchmark; tests/e2e/test_fault_controller.py covers
+slurmctld away at an epilog."""
 SPEC = Spec(ctld_port=_BASE + 47, slurmd_port=_BASE + 48, dbd_port=_BASE + 49,
             mysql_port=_BASE - 3500 + 40)
 
