@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "slurm_colloc"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"units", "procfs", "waits", "priority", "slurmd_watch", "config",
+    frozenset({"units", "procfs", "waits", "priority", "slurmd_watch", "root_lock", "config",
                "__version__", "__init__", "detach", "safe_tree", "owner_read", "log_escape",
                "log_handlers", "estimators", "hostlist", "gpu_settings"}),
     frozenset({"slurm", "gpu", "oom", "mps"}),

@@ -29,7 +29,6 @@ writer itself is started by module name.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import stat
@@ -38,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_colloc import root_lock
 from slurm_colloc.detach import PASSED_FD, spawn_module
 
 WRITER_MODULE = "slurm_colloc.node.record_writer"
@@ -249,36 +249,11 @@ def holds_work(spool_dir: Path, now: float | None = None) -> bool:
 # ------------------------------------------------------------------ the lock ---
 
 
-def _open_lock(spool_dir: Path) -> int:
-    """Root's lock file in ``spool_dir``, never through a link; OSError otherwise."""
-    fd = os.open(spool_dir / LOCK_NAME,
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(f"{spool_dir / LOCK_NAME}: not root's regular file")
-        if stat.S_IMODE(st.st_mode) != 0o600:
-            os.fchmod(fd, 0o600)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def try_lock(spool_dir: Path) -> int | None:
-    """The writer's lock, held (an fd to close to release it), or None when another
-    process holds it. OSError when the lock file is not root's (a link, another
-    owner): nothing is locked, the caller reports it."""
-    fd = _open_lock(spool_dir)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    """The writer's lock in ``spool_dir`` (:func:`slurm_colloc.root_lock.try_lock`):
+    held (an fd to close), None when another process holds it, OSError when the lock
+    file is not root's."""
+    return root_lock.try_lock(spool_dir / LOCK_NAME)
 
 
 Spawner = Callable[..., None]

@@ -17,7 +17,6 @@ MPS state released. Every action is one ``late-epilog: job N: ...`` line in
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from slurm_colloc import config as cfgmod
+from slurm_colloc import root_lock
 from slurm_colloc.mps import missed_epilogs as missed
 from slurm_colloc.mps.tenancy import Tenancy, ensure_root_dir
 from slurm_colloc.node import epilog, epilog_once
@@ -152,18 +152,6 @@ def run_epilog(cfg: cfgmod.CollocConfig, adapter: SlurmAdapter, job_id: int, job
     return epilog.run(ctx, cfg, adapter, log, released)
 
 
-def _scan_lock(sdir: Path) -> int | None:
-    """One late-epilog round at a time on the node (root's 0700 directory)."""
-    fd = os.open(sdir / "scan.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m slurm_colloc.node.late_epilog``: one round; always exits 0."""
     from slurm_colloc.node.prolog import main_env
@@ -172,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = cfgmod.load()
         log = node_logger("late-epilog", "-", cfg.log_file)
-        fd = _scan_lock(ensure_root_dir(missed.state_dir(cfg.evidence_dir), 0o700))
+        fd = root_lock.try_lock(ensure_root_dir(missed.state_dir(cfg.evidence_dir), 0o700)
+                                / "scan.lock")  # one late-epilog round at a time
         if fd is None:
             return 0
         try:

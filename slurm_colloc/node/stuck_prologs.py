@@ -41,7 +41,6 @@ window (docs/admin.md 3.10).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -53,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_colloc import config as cfgmod
+from slurm_colloc import root_lock
 from slurm_colloc.slurm.adapter import SlurmAdapter, SlurmError
 from slurm_colloc.slurm.squeue_json import SlurmJob
 from slurm_colloc.slurmd_watch import (  # the trigger, below the metrics layer
@@ -200,14 +200,7 @@ def _round_lock(cfg: cfgmod.CollocConfig) -> int | None:
     from slurm_colloc.mps.tenancy import ensure_root_dir
 
     sdir = ensure_root_dir(missed_epilogs.state_dir(cfg.evidence_dir), 0o700)
-    fd = os.open(sdir / "stuck-prologs.lock",
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return root_lock.try_lock(sdir / "stuck-prologs.lock")
 
 
 _ARGS = re.compile(r"--force")
