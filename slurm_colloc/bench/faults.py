@@ -452,6 +452,18 @@ class Suite:
         except SlurmError:
             return 0
 
+    def _rerun_whole(self, job: int) -> bool:
+        """The last attempt had a whole GPU's shards (39): from slurmctld, or from
+        accounting's last row once slurmctld has forgotten the job (a long outage)."""
+        tres = str(self._info(job).get("TresPerNode", ""))
+        if tres:
+            return "gres/shard:39" in tres
+        try:
+            rows = by_start(self.slurm.accounting([job]))
+        except SlurmError:
+            return False
+        return bool(rows) and rows[-1].alloc_tres.get("gres/shard", 0) >= 39
+
     def _settled(self, oom: int, jobs: list[int]) -> bool:
         try:
             states = [job_state(self.slurm, j) for j in jobs]
@@ -473,7 +485,7 @@ class Suite:
             out.requeues_expected = 1
             if self._restarts(oom) < 1:
                 out.lost_requeues = 1
-            elif "gres/shard:39" not in str(self._info(oom).get("TresPerNode", "")):
+            elif not self._rerun_whole(oom):
                 out.notes.append(f"job {oom} rerun without a whole GPU")
         want = {j: frozenset(range(self._restarts(j) + 1)) for j in jobs}
         out.records_expected = sum(len(v) for v in want.values())
