@@ -29,7 +29,9 @@ The rule, on Slurm's ``--json`` answer only (no user-written field is read):
   steps after the hold redone, idempotent), one log line, checked again
   :data:`CONFIRM_AFTER_S` later; at most :data:`MAX_RELEASES` times;
 * PENDING and held otherwise (an admin's or the user's own ``scontrol hold``: Slurm
-  clears the description, the reason is JobHeldAdmin or JobHeldUser): left alone;
+  clears the description): left alone. The reason cannot tell them apart: on 26.05 a
+  requeuehold by root shows JobHeldUser, an admin's hold JobHeldAdmin (seen by
+  ``tests/e2e/test_release_confirm.py``);
 * no answer: asked again every :data:`CHECK_EVERY_S` until ``give_up_s`` after the
   release (:data:`GIVE_UP_S`, or config ``requeue_retry_s`` when longer: the wait the
   requeue itself gets for a controller that is away), then given up with a log line

@@ -53,7 +53,7 @@ def sjob(state: str = "PENDING", flags: frozenset[str] = frozenset(), *, restart
 
 def requeue_held(**kw: Any) -> SlurmJob:
     """What the restarted slurmctld shows when it lost colloc's release."""
-    return sjob(held=True, reason="JobHeldAdmin", description=rc.HELD_TEXT, **kw)
+    return sjob(held=True, reason="JobHeldUser", description=rc.HELD_TEXT, **kw)
 
 
 def marker(**kw: Any) -> rc.Marker:
@@ -171,6 +171,20 @@ def test_slurms_json_gives_hold_and_description() -> None:
         (h,), (p,) = held.values(), plain.values()
         assert h.held and h.state_description == "" and not rc.held_by_requeue(h)
         assert not p.held
+
+
+def test_slurms_json_of_a_requeuehold_and_of_an_admins_hold() -> None:
+    """The fields 26.05 printed in tests/e2e/test_release_confirm.py: a requeuehold by
+    root reads JobHeldUser with slurmctld's description; release then an admin's hold
+    reads JobHeldAdmin with none."""
+    doc = json.loads((DATA / "26.05" / "squeue-held-pending.json").read_text())
+    doc["jobs"][0].update(state_reason="JobHeldUser", restart_cnt=1,
+                          state_description="job requeued in held state")
+    (j,) = parse_jobs(json.dumps(doc)).values()
+    assert j.held and j.restarts == 1 and rc.held_by_requeue(j)
+    doc["jobs"][0].update(state_reason="JobHeldAdmin", state_description="")
+    (j,) = parse_jobs(json.dumps(doc)).values()
+    assert j.held and not rc.held_by_requeue(j)
 
 
 def test_a_hold_that_is_not_a_boolean_is_refused() -> None:
