@@ -235,16 +235,9 @@ def _release_again(m: Any, adapter: SlurmAdapter) -> list[str]:
 
 def _confirm_lock(sdir: Path) -> int | None:
     """One confirmation round at a time on the node (root's 0700 directory)."""
-    import fcntl
+    from slurm_colloc.root_lock import try_lock
 
-    fd = os.open(sdir / "confirm.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return try_lock(sdir / "confirm.lock")
 
 
 def confirm_main() -> int:
