@@ -232,19 +232,13 @@ def parse_slurmd_start(text: str, node: str) -> int | None:
     """``slurmd_start_time`` of ``node`` in a ``scontrol --json show node`` answer
     (None: not set, or no such node in it); SlurmError when it is not that answer."""
     from slurm_colloc.slurm import data_parser as dp
+    from slurm_colloc.slurm.squeue_json import SqueueJsonError, json_list
 
-    if len(text) > MAX_NODE_JSON_BYTES:
-        raise SlurmError(f"scontrol --json show node: answer too large ({len(text)} bytes)")
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise SlurmError(f"scontrol --json show node: not JSON: {e}") from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
-        raise SlurmError("scontrol --json show node: no 'nodes' list in the answer")
-    if doc.get("errors"):
-        raise SlurmError(f"scontrol --json show node: the controller reported: "
-                         f"{str(doc['errors'])[:240]}")
-    for entry in doc["nodes"]:
+        nodes = json_list(text, MAX_NODE_JSON_BYTES, "scontrol --json show node", "nodes")
+    except SqueueJsonError as e:
+        raise SlurmError(str(e)) from e
+    for entry in nodes:
         if isinstance(entry, dict) and entry.get("name") == node:
             try:
                 v = dp.number(entry.get("slurmd_start_time"), "slurmd_start_time")

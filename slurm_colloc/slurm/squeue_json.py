@@ -349,25 +349,25 @@ def _bool(d: Mapping[str, Any], key: str) -> bool:
     return v
 
 
-def _document(text: str, limit: int, what: str) -> list[Any]:
-    """The ``jobs`` list of a v0.0.42 answer; SqueueJsonError when the answer is not
-    one, is too large, or carries controller errors (the caller then knows nothing,
-    which is not the same as "no jobs")."""
+def json_list(text: str, limit: int, what: str, key: str = "jobs") -> list[Any]:
+    """The ``key`` list (``jobs``, ``nodes``) of a v0.0.42 answer; SqueueJsonError when
+    the answer is not one, is too large, or carries controller errors (the caller then
+    knows nothing, which is not the same as "no jobs")."""
     if len(text) > limit:
         raise SqueueJsonError(f"{what}: answer too large ({len(text)} bytes)")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise SqueueJsonError(f"{what}: not JSON: {e}") from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
-        raise SqueueJsonError(f"{what}: no 'jobs' list in the answer")
+    if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+        raise SqueueJsonError(f"{what}: no '{key}' list in the answer")
     errors = doc.get("errors", [])
     if not isinstance(errors, list):
         raise SqueueJsonError(f"{what}: 'errors' is not a list")
     if errors:  # slurmctld away: exit 0, no jobs and this list (seen in issue 28)
         raise SqueueJsonError(f"{what}: the controller reported: {_error_text(errors[0])}")
-    jobs: list[Any] = doc["jobs"]
-    return jobs
+    found: list[Any] = doc[key]
+    return found
 
 
 def _error_text(entry: Any) -> str:
@@ -388,7 +388,7 @@ def parse_jobs(text: str) -> dict[int, SlurmJob]:
     v0.0.42's: a reaper must never read "could not read" as "that job is gone".
     """
     out: dict[int, SlurmJob] = {}
-    for entry in _document(text, MAX_JSON_BYTES, "squeue --json"):
+    for entry in json_list(text, MAX_JSON_BYTES, "squeue --json"):
         job = job_from_json(entry)
         out[job.job_id] = job
     return out
@@ -400,7 +400,7 @@ def parse_job(text: str, job_id: int) -> SlurmJob | None:
     and checked but not returned). Raises :class:`SqueueJsonError` like
     :func:`parse_jobs`."""
     found = None
-    for entry in _document(text, MAX_JOB_JSON_BYTES, "scontrol --json show job"):
+    for entry in json_list(text, MAX_JOB_JSON_BYTES, "scontrol --json show job"):
         job = job_from_json(entry)
         if job.job_id == job_id:
             found = job
