@@ -125,6 +125,55 @@ def run(c: Cluster, n_jobs: int, n_oom: int, submitters: int, timeout: float) ->
             "first_job": min(ids)}
 
 
+def server_off(c: Cluster) -> None:
+    """colloc.conf ``script_server_idle_s = 0``: every script in its own process."""
+    conf = c.layout.colloc_conf
+    conf.write_text("script_server_idle_s = 0\n" + conf.read_text())  # before any [table]
+
+
+def warm_up(c: Cluster, n: int) -> None:
+    """``n`` small jobs run to the end before the burst, as on a node that has run a job
+    within ``script_server_idle_s``: its script server and collector are up."""
+    d = c.layout.root / "jobs" / "warm-up"
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o1777)
+    job = _script(d, "warm.sh", "colloc-simjob --mem 1G --seconds 1")
+    ids = [_sbatch(c, d, job, 4) for _ in range(n)]
+    wait_done(SlurmCli(env=c.env()), ids, [], 300)
+
+
+def one_variant(a: argparse.Namespace, server: str) -> dict[str, object]:
+    """A fresh cluster, the warm-up, the burst; the cluster goes down afterwards."""
+    c = Cluster(Layout(ROOT), SPEC)
+    c.down()
+    keep = Path(f"{a.keep_logs}-{server}") if a.keep_logs else None
+    try:
+        c.up(timeout=120, fresh=True)
+        if server == "off":
+            server_off(c)
+        if a.warmup:
+            warm_up(c, a.warmup)
+        out = run(c, a.jobs, a.oom, a.submitters, a.timeout)
+    finally:
+        c.down(keep_logs=keep)
+    out["variant"] = f"{a.variant} script server {server}".strip()
+    out["script_server"] = server
+    out["warmup_jobs"] = a.warmup
+    return out
+
+
+def _summary(out: dict[str, object]) -> str:
+    s = out["prolog"]
+    assert isinstance(s, dict)
+    lost_jobs, lost_rq = out["lost_jobs"], out["lost_requeues"]
+    assert isinstance(lost_jobs, list) and isinstance(lost_rq, list)
+    return (f"[{out['variant']}] {out['jobs']} jobs ({out['oom_jobs']} OOM once) submitted in "
+            f"{out['submit_s']} s, all done after {out['done_s']} s; lost jobs "
+            f"{len(lost_jobs)}, lost requeues {len(lost_rq)}; {s['prologs']} prologs: wall "
+            f"p50 {s['wall_p50_s']} s, p99 {s['wall_p99_s']} s, max {s['wall_max_s']} s; "
+            f"CPU p50 {s['cpu_p50_s']} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=150)
@@ -132,29 +181,31 @@ def main() -> None:
     ap.add_argument("--submitters", type=int, default=8, help="sbatch calls at a time")
     ap.add_argument("--timeout", type=float, default=1500.0, help="seconds to wait for the jobs")
     ap.add_argument("--variant", default="", help="a label for the result (e.g. baseline)")
+    ap.add_argument("--script-server", default="on",
+                    help="on, off, or both ('off,on': one cluster each, one after the "
+                         "other, and their ratio)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="small jobs run before the burst (0: a cold node)")
     ap.add_argument("--keep-logs", default=None, help="copy the cluster's logs here at the end")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prolog-burst.md"),
                     help="the markdown result (empty: none)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (it starts a devcluster)")
-    c = Cluster(Layout(ROOT), SPEC)
-    c.down()
-    try:
-        c.up(timeout=120, fresh=True)
-        out = run(c, a.jobs, a.oom, a.submitters, a.timeout)
-    finally:
-        c.down(keep_logs=Path(a.keep_logs) if a.keep_logs else None)
-    out["variant"] = a.variant
-    s = out["prolog"]
-    assert isinstance(s, dict)
-    print(f"{a.jobs} jobs ({a.oom} OOM once) submitted in {out['submit_s']} s, all done after "
-          f"{out['done_s']} s; lost jobs {len(out['lost_jobs'])}, lost requeues "  # type: ignore[arg-type]
-          f"{len(out['lost_requeues'])}; {s['prologs']} prologs: wall p50 {s['wall_p50_s']} s, "  # type: ignore[arg-type]
-          f"p99 {s['wall_p99_s']} s, max {s['wall_max_s']} s; CPU p50 {s['cpu_p50_s']} s")
-    print("BENCH_JSON " + json.dumps(out))
+    servers = [v.strip() for v in a.script_server.split(",") if v.strip()]
+    if not servers or any(v not in ("on", "off") for v in servers):
+        raise SystemExit("--script-server: on, off or off,on")
+    outs = [one_variant(a, v) for v in servers]
+    for out in outs:
+        print(_summary(out))
+        print("BENCH_JSON " + json.dumps(out))
+    if len(outs) == 2:
+        p99 = [o["prolog"]["wall_p99_s"] for o in outs]  # type: ignore[index]
+        if all(p99):
+            print(f"prolog wall p99, {servers[1]} / {servers[0]}: {p99[1] / p99[0]:.2f}")
     if a.out:
-        Path(a.out).write_text(burst.markdown(out, " ".join(["prolog_burst.py", *sys.argv[1:]])))
+        cmd = " ".join(["prolog_burst.py", *sys.argv[1:]])
+        Path(a.out).write_text("\n".join(burst.markdown(o, cmd) for o in outs))
 
 
 if __name__ == "__main__":

@@ -298,6 +298,12 @@ class CollocConfig:
     once restarted, and Slurm keeps the job RUNNING with ``Reason=Prolog`` for good;
     past this grace the collector's check requeues it (``stuck-prolog:`` log lines,
     issue 28). 10..3600 seconds."""
+    script_server_idle_s: int = 3600
+    """The node's script server (a root process holding colloc's code, which forks a
+    worker per Prolog/Epilog instead of each paying an interpreter and its imports,
+    ~0.25 s of CPU: issue 28, prolog p99 under a burst) exits after this long without
+    a request; the next script runs itself and starts it again. 0: no server, every
+    script runs in its own process as before. 0..604800 seconds."""
     collector_unit: str = ""
     """Name of the systemd unit that runs the node collector (``colloc admin
     collector-unit --install`` writes ``colloc-collector.service``), or empty: no unit.
@@ -486,6 +492,9 @@ def from_mapping(data: dict[str, Any], *, origin: str = "<mapping>") -> CollocCo
     if not 10 <= cfg.stuck_prolog_grace_s <= 3600:
         raise ConfigError(f"{origin}: stuck_prolog_grace_s = {cfg.stuck_prolog_grace_s}: "
                           "must be 10..3600 seconds")
+    if not 0 <= cfg.script_server_idle_s <= 7 * 86400:
+        raise ConfigError(f"{origin}: script_server_idle_s = {cfg.script_server_idle_s}: "
+                          "must be 0..604800 seconds (0: no script server)")
     if not 1 <= cfg.prolog_controller_s <= 600:
         raise ConfigError(f"{origin}: prolog_controller_s = {cfg.prolog_controller_s}: "
                           "must be 1..600 seconds")

@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from slurm_colloc import priority
+
 _UNSAFE_ENV_PREFIXES = ("PYTHON", "LD_")
 
 
@@ -61,6 +63,7 @@ def spawn_module(module: str, args: Sequence[str], env: Mapping[str, str], *,
             os.dup2(pass_fd, PASSED_FD)  # inheritable: it survives the exec
         os.closerange(PASSED_FD if pass_fd is None else PASSED_FD + 1, 1024)
         os.chdir("/")
+        priority.for_child()  # a helper never keeps a node script's raised priority
         os.execve(argv[0], argv, child_env)  # noqa: S606 - argv array, no shell; fixed module
     finally:
         os._exit(0)

@@ -57,6 +57,20 @@ def boosted(nice: int = HOLDER_NICE) -> Iterator[bool]:
                 os.setpriority(os.PRIO_PROCESS, 0, old)
 
 
+SCRIPT_NICE = -5
+"""A whole Prolog/Epilog run (:func:`slurm_colloc.node.scripts.run_here`): its job cannot
+start, or its node's next job cannot be placed, until it ends, while the jobs already
+running lose a few hundredths of a second; lock holders still go ahead of it."""
+
+
+def for_child() -> None:
+    """In a child about to become a long-lived process (a detached helper): the priority
+    this process had before any raise, so no daemon keeps a script's priority."""
+    if _base:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, _base[0])
+
+
 def give_back(pid: int) -> None:
     """A long-lived process started while this one was raised gets the priority this
     one had before (no-op when not raised; a vanished process is ignored)."""

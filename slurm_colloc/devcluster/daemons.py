@@ -190,8 +190,9 @@ def cluster_processes(conf_var: str, conf_path: str, root: str) -> list[int]:
     """Pids that belong to one devcluster's jobs: never the user's own shell.
 
     A process counts when its environment names this cluster's config *and* it is a
-    job process (``SLURM_JOB_ID`` set), a slurmstepd, or the node's metrics collector
-    (started by a prolog, it would outlive the cluster by ``collector_idle_exit_s``),
+    job process (``SLURM_JOB_ID`` set), a slurmstepd, the node's metrics collector
+    (started by a prolog, it would outlive the cluster by ``collector_idle_exit_s``) or
+    its script server (likewise, ``script_server_idle_s``),
     or when it is an MPS daemon whose pipe directory lies under the cluster's root.
     """
     needle = f"{conf_var}={conf_path}".encode()
@@ -208,7 +209,9 @@ def cluster_processes(conf_var: str, conf_path: str, root: str) -> list[int]:
         ours = needle in env
         is_job = any(v.startswith(b"SLURM_JOB_ID=") for v in env) or comm == "slurmstepd"
         mps = any(v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=" + root.encode()) for v in env)
-        collector = ours and b"slurm_colloc.metrics.collector" in _cmdline(entry)
+        cmd = _cmdline(entry) if ours else b""
+        collector = (b"slurm_colloc.metrics.collector" in cmd
+                     or b"slurm_colloc.node.script_server" in cmd)
         if (ours and is_job) or mps or collector:
             found.append(int(entry.name))
     return found

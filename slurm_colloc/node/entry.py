@@ -88,19 +88,27 @@ def judged_jobs(env: Mapping[str, str], cfg: cfgmod.CollocConfig) -> list[int]:
 
 
 def _run_root_script(
-    component: str, env: Mapping[str, str], body: Callable[..., str | None], on_error: str
+    component: str, env: Mapping[str, str], body: Callable[..., str | None], on_error: str,
+    watch: Stopwatch | None = None, start_server: bool = False,
 ) -> int:
     """Shared frame of Prolog and Epilog: config, body, log; never raise.
 
     ``body(cfg, adapter, log)`` returns the line to log. Any error is logged with
     ``on_error`` (what the safe path means for the job) and the exit status stays 0.
+    ``watch``: started at the script's process start (default: now).
+    ``start_server``: no script server runs for this node; start one for the scripts
+    after this one (:func:`slurm_colloc.node.script_start.start`).
     """
-    watch = Stopwatch()
+    watch = watch or Stopwatch()
     log = node_logger(component, env.get("SLURM_JOB_ID", "?"), None)
     try:
         cfg, log = _setup(component, env)
         if cfg is None:
             return 0
+        if start_server:
+            from slurm_colloc.node import script_start
+
+            script_start.start(env, cfg)
         line = body(cfg, _slurm(env), log)
         if line:  # None: the body logged its own line
             log.info("%s %s", line, watch.suffix())
@@ -110,7 +118,8 @@ def _run_root_script(
     return 0
 
 
-def prolog_main(env: Mapping[str, str]) -> int:
+def prolog_main(env: Mapping[str, str], watch: Stopwatch | None = None,
+                start_server: bool = False) -> int:
     """Prolog: see :mod:`slurm_colloc.node.prolog`.
 
     One controller call: the ``squeue --json`` snapshot gives the job's own record
@@ -132,7 +141,7 @@ def prolog_main(env: Mapping[str, str]) -> int:
         d = prolog.run(ctx, cfg, adapter, jobs, taken)
         return f"{d.mode} gpu={d.gpu} limit_mib={d.limit_mib} {d.detail}"
 
-    return _run_root_script("prolog", env, body, "job runs without MPS")
+    return _run_root_script("prolog", env, body, "job runs without MPS", watch, start_server)
 
 
 def epilog_context(
@@ -183,7 +192,8 @@ def task_prolog_main(env: Mapping[str, str]) -> int:
     return status
 
 
-def epilog_main(env: Mapping[str, str]) -> int:
+def epilog_main(env: Mapping[str, str], watch: Stopwatch | None = None,
+                start_server: bool = False) -> int:
     """Epilog: see :mod:`slurm_colloc.node.epilog`. It holds the job's lock against a
     late epilog of the same job (:mod:`slurm_colloc.node.epilog_once`, issue 28)."""
     from slurm_colloc.node import epilog, epilog_once
@@ -197,4 +207,4 @@ def epilog_main(env: Mapping[str, str]) -> int:
             ctx = epilog_context(env, cfg, adapter)
             return epilog.run(ctx, cfg, adapter, log, released).summary()
 
-    return _run_root_script("epilog", env, body, "nothing requeued")
+    return _run_root_script("epilog", env, body, "nothing requeued", watch, start_server)

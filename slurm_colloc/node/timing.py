@@ -31,19 +31,34 @@ def _cpu() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _now() -> float:
+    """``CLOCK_BOOTTIME``: monotonic, and the clock a process's start is counted in."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 @dataclass
 class Stopwatch:
     """Started when the script starts; :meth:`suffix` is read when it logs its line."""
 
-    wall0: float = field(default_factory=time.monotonic)
+    wall0: float = field(default_factory=_now)
     cpu0: float = field(default_factory=_cpu)
     waits0: dict[str, float] = field(default_factory=waits.snapshot)
+
+    @classmethod
+    def since(cls, started: float | None, cpu_before: float = 0.0) -> Stopwatch:
+        """From the script's process start (``/proc/self/stat``, on ``CLOCK_BOOTTIME``),
+        counting all of this process's CPU plus ``cpu_before`` (a script server's
+        client's): the figure slurmd sees, interpreter start-up included, whether the
+        script ran in its own process or in a server's worker. Unknown start: now."""
+        if started is None:
+            return cls()
+        return cls(wall0=started, cpu0=-cpu_before)
 
     def suffix(self) -> str:
         """``[took 0.41 s, cpu 0.27 s]``, with the named waits of at least
         :data:`SHOWN_WAIT_S` since the start (:mod:`slurm_colloc.waits`):
         ``[took 9.41 s, cpu 0.03 s; controller 0.40 s, gpu lock 8.70 s]``."""
-        wall = time.monotonic() - self.wall0
+        wall = _now() - self.wall0
         cpu = _cpu() - self.cpu0
         spent = {k: v - self.waits0.get(k, 0.0) for k, v in waits.snapshot().items()}
         shown = "".join(f", {k} {v:.2f} s" for k, v in spent.items() if v >= SHOWN_WAIT_S)

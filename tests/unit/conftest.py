@@ -27,3 +27,19 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+@pytest.fixture(autouse=True)
+def no_node_script_server(tmp_path_factory: pytest.TempPathFactory,
+                          monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+    """Unit tests never meet or start the node's real script server (/run/colloc): a
+    Prolog run through ``slurm_colloc.node.scripts`` by a root test would otherwise be
+    served by, or leave behind, a resident root process. Its run directory is a fresh
+    path that does not exist, and a start is recorded, not spawned (the server's own
+    tests run it in a subprocess of theirs)."""
+    from slurm_colloc.node import script_client, script_start
+
+    monkeypatch.setattr(script_client, "RUN_DIR", tmp_path_factory.mktemp("run") / "colloc")
+    spawned: list[tuple[object, ...]] = []
+    monkeypatch.setattr(script_start, "spawn_module", lambda *a, **k: spawned.append(a))
+    return spawned

@@ -23,7 +23,7 @@ RAISES: list[BaseException] = [
 
 
 def _raiser(exc: BaseException) -> Callable[[dict[str, str]], int]:
-    def main(env: dict[str, str]) -> int:
+    def main(env: dict[str, str], *_: object) -> int:
         raise exc
 
     return main
@@ -64,7 +64,7 @@ def test_passes_a_copy_of_the_environment(monkeypatch, script, target) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "8")
     seen: list[dict[str, str]] = []
 
-    def main(env: dict[str, str]) -> int:
+    def main(env: dict[str, str], *_: object) -> int:
         seen.append(env)
         env["SLURM_JOB_ID"] = "changed"  # must not leak into the process environment
         return 0

@@ -1,0 +1,218 @@
+"""Prolog/Epilog client: hand slurmd's request to the node's resident script server.
+
+Why (issue 28, prolog p99 under a burst): slurmd starts one Prolog per job, and a burst
+puts ~40 of them on a node at once. Each paid its own interpreter and colloc's imports,
+~0.25 s of CPU before doing anything, so on a node's busy cores the wave queued for
+CPU whatever it waited on. The node's script server
+(:mod:`slurm_colloc.node.script_server`) holds those imports once and forks a worker per
+request; this client, which slurmd runs as ``colloc-prolog``/``colloc-epilog``, imports
+the standard library only, sends slurmd's environment and its own stdio, and waits for
+the worker's exit status.
+
+It never decides anything itself and never raises: whenever the server is absent,
+declines, or its worker dies before answering, :func:`call` says so and the caller runs
+the script in this process exactly as before (:mod:`slurm_colloc.node.scripts`). A
+server being started (its lock held, no socket yet) is waited for up to
+:data:`START_WAIT_S`, so a cold node's first wave mostly shares one start-up too.
+
+Trust: root talks to root only. The socket lives in :data:`RUN_DIR`, a directory that
+must be the caller's (root's) and closed to everyone else, and the peer's credentials
+must be the caller's uid, so no user can stand in for the server.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_DIR = Path("/run/colloc")
+"""Root's directory for the servers' sockets and locks (0700)."""
+SCRIPTS = ("prolog", "epilog")
+"""What a server runs: the root scripts only (the TaskProlog runs as the job's user)."""
+MAX_REQUEST = 1 << 20
+"""Largest request: slurmd's environment for one job is a few KiB."""
+START_WAIT_S = 5.0
+"""How long a client waits for a server that is being started (its lock is held)."""
+ACK_WAIT_S = 5.0
+"""How long a client waits for a worker to take its request; then it runs here. The
+worker starts only on the client's ``go``, so a late worker never runs it too."""
+_HEADER = struct.Struct("!I")
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the server did with a request: ``status`` is the script's exit status, or
+    None when the caller must run the script itself, ``why`` says why (for the log)."""
+
+    status: int | None
+    why: str = ""
+
+    @property
+    def absent(self) -> bool:
+        """No server runs or is being started: the caller's run may start one."""
+        return self.status is None and self.why == "absent"
+
+
+def server_key(env: Mapping[str, str]) -> str:
+    """One server per (colloc.conf, node): devclusters run several of each on a host."""
+    text = f"{env.get('COLLOC_CONF', '')}\0{env.get('SLURMD_NODENAME', '')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def socket_path(env: Mapping[str, str], run_dir: Path = RUN_DIR) -> Path:
+    """Where the server for ``env``'s config and node listens."""
+    return run_dir / f"script-{server_key(env)}.sock"
+
+
+def lock_path(env: Mapping[str, str], run_dir: Path = RUN_DIR) -> Path:
+    """The lock its one server holds while it starts, serves and stops."""
+    return run_dir / f"script-{server_key(env)}.lock"
+
+
+def private_dir(run_dir: Path) -> bool:
+    """True when ``run_dir`` is a real directory of this uid's that nobody else may enter."""
+    try:
+        st = os.lstat(run_dir)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket."""
+    _, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return int(uid)
+
+
+def process_start() -> float | None:
+    """When this process started, on ``CLOCK_BOOTTIME`` (what ``/proc/self/stat`` counts
+    in): a script's wall time then includes its interpreter's start-up, as slurmd sees it."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _stdio() -> tuple[list[int], list[int]]:
+    """This process's open stdio descriptors (slurmd may close any), and their numbers."""
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        fds.append(fd)
+    return fds, list(fds)
+
+
+def _connect(path: Path) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(str(path))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def _starting(lock: Path) -> bool:
+    """True while another process holds the server's lock (a server starting or up)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def _reach(env: Mapping[str, str], run_dir: Path, start_wait_s: float) -> socket.socket | None:
+    """A connection to this node's server, waiting for one being started."""
+    path = socket_path(env, run_dir)
+    s = _connect(path)
+    if s is not None or not _starting(lock_path(env, run_dir)):
+        return s
+    deadline = time.monotonic() + start_wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        s = _connect(path)
+        if s is not None:
+            return s
+        if not _starting(lock_path(env, run_dir)):
+            return None
+    return None
+
+
+def _read_reply(s: socket.socket) -> dict[str, object]:
+    """One JSON line from the worker; {} when it closed without one."""
+    buf = b""
+    while not buf.endswith(b"\n") and len(buf) < 65536:
+        chunk = s.recv(4096)
+        if not chunk:
+            return {}
+        buf += chunk
+    reply = json.loads(buf)
+    return reply if isinstance(reply, dict) else {}
+
+
+def call(script: str, env: Mapping[str, str], started: float | None = None, *,
+         run_dir: Path | None = None, start_wait_s: float = START_WAIT_S,
+         ack_wait_s: float = ACK_WAIT_S) -> Outcome:
+    """Run ``script`` for slurmd's ``env`` on the node's server; never raises.
+
+    ``started``: this process's start (:func:`process_start`), so the worker's log line
+    counts the whole run. The worker gets this process's stdio, so what it writes goes
+    where slurmd reads it.
+    """
+    run_dir = RUN_DIR if run_dir is None else run_dir
+    try:
+        if not private_dir(run_dir):
+            return Outcome(None, "absent")
+        s = _reach(env, run_dir, start_wait_s)
+        if s is None:
+            return Outcome(None, "absent")
+        with s:
+            if peer_uid(s) != os.geteuid():
+                return Outcome(None, "the socket's peer is not root")
+            fds, numbers = _stdio()
+            body = json.dumps({"script": script, "env": dict(env), "started": started,
+                               "cpu": _cpu(), "stdio": numbers}).encode()
+            if len(body) > MAX_REQUEST:
+                return Outcome(None, f"request of {len(body)} bytes is too large")
+            socket.send_fds(s, [_HEADER.pack(len(body))], fds)
+            s.sendall(body)
+            s.settimeout(ack_wait_s)
+            ack = _read_reply(s)
+            if ack.get("taken") is not True:
+                return Outcome(None, str(ack.get("declined") or "no answer from the server"))
+            s.sendall(b"go\n")  # committed: from here the worker runs it, never both
+            s.settimeout(None)
+            done = _read_reply(s)
+        status = done.get("status")
+        if isinstance(status, int) and not isinstance(status, bool):
+            return Outcome(status, "served")
+        return Outcome(None, "the server's worker ended without a status")
+    except Exception as e:  # noqa: BLE001 - the caller runs the script itself
+        return Outcome(None, f"{type(e).__name__}: {e}")

@@ -1,0 +1,299 @@
+"""The node's resident script server: colloc's Prolog and Epilog without an interpreter each.
+
+Why (issue 28, prolog p99 under a burst): every Prolog paid ~0.25 s of CPU for its
+interpreter and colloc's imports before it did anything, and a burst's ~40 prologs on
+a node's busy cores queued behind each other's start-ups. This process imports that
+code once and forks a worker per request (:mod:`slurm_colloc.node.script_client`); the
+worker runs the very same script body as a script run by slurmd itself
+(:func:`slurm_colloc.node.scripts.run_here`), with slurmd's environment and stdio, and
+sends back its exit status. A fork of a warm process costs milliseconds.
+
+Trust (docs/security.md): it runs as root and serves root only. Its socket is in
+root's 0700 :data:`~slurm_colloc.node.script_client.RUN_DIR`, a peer whose credentials
+are not root's is dropped before any byte is read, and the parent reads nothing a
+client sends: each worker parses and checks its own request (bounded size, script
+name from a fixed list, an environment of strings for this server's config and node),
+so a malformed one costs only that worker. The worker runs what a Prolog run by slurmd
+would, on slurmd's environment only.
+
+Life cycle: started detached by a script that found no server (it hands over the lock
+it took, :func:`slurm_colloc.node.script_start.start`), or by hand or systemd
+(``python -m slurm_colloc.node.script_server`` with slurmd's ``COLLOC_CONF`` and
+``SLURMD_NODENAME``). It exits after
+``script_server_idle_s`` without a request, when colloc.conf sets that to 0, and when
+any of colloc's module files changed since it started (an upgrade): the client then
+runs the script itself, and that run starts a new server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_colloc import config as cfgmod
+from slurm_colloc import root_lock
+from slurm_colloc.detach import PASSED_FD
+from slurm_colloc.node import script_client as client
+from slurm_colloc.node.script_start import ensure_run_dir
+
+MAX_ENV = 4096
+"""Most variables a request's environment may hold."""
+PRELOAD = (
+    "slurm_colloc.node.entry", "slurm_colloc.node.prolog", "slurm_colloc.node.epilog",
+    "slurm_colloc.node.controller_wait", "slurm_colloc.node.metrics_launch",
+    "slurm_colloc.node.epilog_once", "slurm_colloc.accounting.spool",
+    "slurm_colloc.mps.control", "slurm_colloc.gpu.select",
+)
+"""What a worker would otherwise import itself (the point of the server)."""
+
+log = logging.getLogger("colloc.node.script-server")
+
+
+class Declined(ValueError):
+    """A request this server does not run; the client runs the script itself."""
+
+
+def code_stamp() -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every colloc module file loaded: an upgrade changes them."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if name.startswith("slurm_colloc") and path:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                out[path] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def changed(stamp: Mapping[str, tuple[int, int]]) -> bool:
+    """True when a module file of ``stamp`` was replaced or removed since."""
+    for path, was in stamp.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        if (st.st_ino, st.st_mtime_ns) != was:
+            return True
+    return False
+
+
+def parse_request(data: bytes, key: str) -> dict[str, Any]:
+    """The checked request (script, env, started, cpu, stdio); :class:`Declined` if not."""
+    try:
+        req = json.loads(data)
+    except ValueError as e:
+        raise Declined(f"not JSON: {e}") from None
+    if not isinstance(req, dict) or req.get("script") not in client.SCRIPTS:
+        raise Declined("unknown script")
+    env = req.get("env")
+    if not isinstance(env, dict) or len(env) > MAX_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
+            for k, v in env.items()):
+        raise Declined("the environment is not a map of strings")
+    if client.server_key(env) != key:
+        raise Declined("another colloc.conf or node than this server's")
+    for name in ("started", "cpu"):
+        v = req.get(name)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                              or not 0 <= v < 1e10):
+            raise Declined(f"bad {name}")
+    stdio = req.get("stdio")
+    if not isinstance(stdio, list) or len(stdio) > 3 or any(
+            n not in (0, 1, 2) for n in stdio) or len(set(stdio)) != len(stdio):
+        raise Declined("bad stdio")
+    return req
+
+
+def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The request's bytes and the stdio descriptors sent with its first byte."""
+    conn.settimeout(client.ACK_WAIT_S)
+    head, fds, _, _ = socket.recv_fds(conn, client._HEADER.size, 3)
+    while len(head) < client._HEADER.size:
+        more = conn.recv(client._HEADER.size - len(head))
+        if not more:
+            raise Declined("short request")
+        head += more
+    (size,) = client._HEADER.unpack(head)
+    if size > client.MAX_REQUEST:
+        raise Declined("request too large")
+    data = b""
+    while len(data) < size:
+        more = conn.recv(min(65536, size - len(data)))
+        if not more:
+            raise Declined("short request")
+        data += more
+    return data, fds
+
+
+def _send(conn: socket.socket, reply: Mapping[str, object]) -> None:
+    conn.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def _configured_on() -> bool:
+    try:
+        return cfgmod.load().script_server_idle_s > 0
+    except cfgmod.ConfigError:
+        return False
+
+
+def worker(conn: socket.socket, key: str, stamp: Mapping[str, tuple[int, int]]) -> int:
+    """One request, in a forked child: check it, take it, run it, answer its status."""
+    from slurm_colloc.node.scripts import run_here
+
+    fds: list[int] = []
+    try:
+        data, fds = _receive(conn)
+        req = parse_request(data, key)
+        if len(fds) != len(req["stdio"]):
+            raise Declined("stdio descriptors missing")
+        if changed(stamp):
+            os.kill(os.getppid(), signal.SIGTERM)
+            raise Declined("colloc's code changed since the server started")
+        os.environ.clear()
+        os.environ.update(req["env"])
+        if not _configured_on():
+            os.kill(os.getppid(), signal.SIGTERM)
+            raise Declined("script_server_idle_s is 0 in colloc.conf")
+    except (Declined, OSError) as e:
+        with contextlib.suppress(OSError):
+            _send(conn, {"declined": str(e)})
+        return 0
+    _send(conn, {"taken": True})
+    if conn.recv(3) != b"go\n":  # the client gave up waiting: it runs the script itself
+        return 0
+    conn.settimeout(None)
+    for fd, number in zip(fds, req["stdio"], strict=True):
+        os.dup2(fd, number)
+        if fd != number:
+            os.close(fd)
+    status = run_here(req["script"], dict(req["env"]), req["started"], req["cpu"] or 0.0)
+    _send(conn, {"status": status})
+    return 0
+
+
+def _child(conn: socket.socket, listener: socket.socket, key: str,
+           stamp: Mapping[str, tuple[int, int]]) -> None:
+    """The forked worker's whole life; it never returns."""
+    status = 1
+    try:
+        listener.close()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        status = worker(conn, key, stamp)
+    except BaseException:  # noqa: BLE001 - the client sees no status and runs it itself
+        status = 1
+    finally:
+        os._exit(status)
+
+
+class Server:
+    """The accept loop: one forked worker per root connection; idle and upgrade exits."""
+
+    def __init__(self, listener: socket.socket, key: str, idle_s: float) -> None:
+        self.listener = listener
+        self.key = key
+        self.idle_s = idle_s
+        self.stamp = code_stamp()
+        self.children: set[int] = set()
+        self.stop = False
+        self.last = time.monotonic()
+
+    def reap(self) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ChildProcessError):
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if not done:
+                    continue
+            self.children.discard(pid)
+
+    def serve_one(self, conn: socket.socket) -> None:
+        """Fork a worker for a root peer; drop anyone else unread."""
+        with conn:
+            if client.peer_uid(conn) != os.geteuid():
+                log.warning("dropped a connection of uid %s",
+                            client.peer_uid(conn))
+                return
+            pid = os.fork()
+            if pid == 0:
+                _child(conn, self.listener, self.key, self.stamp)
+            self.children.add(pid)
+        self.last = time.monotonic()
+
+    def run(self) -> str:
+        """Serve until told to stop; returns why it stopped."""
+        while not self.stop:
+            self.reap()
+            if not self.children and time.monotonic() - self.last > self.idle_s:
+                return f"no request for {self.idle_s:.0f}s"
+            try:
+                ready, _, _ = select.select([self.listener], [], [], 1.0)
+            except InterruptedError:
+                continue
+            if ready:
+                with contextlib.suppress(BlockingIOError, InterruptedError):
+                    conn, _ = self.listener.accept()
+                    self.serve_one(conn)
+        return "told to stop (SIGTERM, an upgrade or colloc.conf)"
+
+
+def _listen(path: Path) -> socket.socket:
+    """The server's socket at ``path`` (its lock is held: any file there is stale)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        s.bind(str(path))
+    finally:
+        os.umask(old)
+    s.listen(128)
+    s.setblocking(False)
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slurm_colloc.node.script_server [--run-dir DIR]`` (root; slurmd's env)."""
+    from slurm_colloc.node.logging_setup import node_logger
+
+    args = sys.argv[1:] if argv is None else argv
+    run_dir = Path(args[1]) if args[:1] == ["--run-dir"] and len(args) > 1 else client.RUN_DIR
+    env = dict(os.environ)
+    cfg = cfgmod.load()
+    slog = node_logger("script-server", "-", cfg.log_file)
+    ensure_run_dir(run_dir)
+    try:
+        os.fstat(PASSED_FD)
+        lock: int | None = PASSED_FD
+    except OSError:
+        lock = root_lock.try_lock(client.lock_path(env, run_dir))
+    if lock is None:
+        return 0  # another server holds it
+    for name in PRELOAD:
+        __import__(name)
+    listener = _listen(client.socket_path(env, run_dir))
+    server = Server(listener, client.server_key(env), cfg.script_server_idle_s)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stop", True))
+    gc.collect()
+    gc.freeze()  # workers' pages stay shared: reference counts no longer touch them
+    slog.info("serving %s (pid %d)", listener.getsockname(), os.getpid())
+    why = server.run()
+    with contextlib.suppress(OSError):
+        os.unlink(listener.getsockname())
+    listener.close()
+    slog.info("exiting: %s", why)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""The node's script server and its client (issue 28: prolog p99 under a burst).
+
+A Prolog handed to a resident server must do exactly what it would have done in its own
+process (same log line, same stdio, exit status back), and every way the server can be
+missing, slow, declining or dying must end with the script run by the client itself,
+never twice, never not at all. Root talks to root only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_colloc import config as cfgmod
+from slurm_colloc import root_lock
+from slurm_colloc.node import script_client as client
+from slurm_colloc.node import script_server as server
+from slurm_colloc.node import script_start
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _conf(tmp_path: Path, extra: str = "") -> Path:
+    conf = tmp_path / "colloc.conf"
+    conf.write_text(
+        extra
+        + f'mps_root = "{tmp_path / "mps"}"\nlog_file = "{tmp_path / "colloc.log"}"\n'
+        f'evidence_dir = "{tmp_path / "ev"}"\nmetrics_dir = "{tmp_path / "metrics"}"\n'
+        f'gpu_backend = "sim"\nsim_state_dir = "{tmp_path / "sim"}"\n')
+    return conf
+
+
+def _env(conf: Path, job: int = 7) -> dict[str, str]:
+    """slurmd's Prolog environment for a job slurmd bound no GPU to (asks Slurm nothing)."""
+    return {"COLLOC_CONF": str(conf), "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": str(job),
+            "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice", "PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    return d
+
+
+def _start_server(run_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, "-I", "-m", script_start.MODULE, "--run-dir", str(run_dir)],
+                         env=env, cwd="/")
+    sock = client.socket_path(env, run_dir)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        assert p.poll() is None, "the server exited before listening"
+        assert time.monotonic() < deadline, "the server never listened"
+        time.sleep(0.05)
+    return p
+
+
+@pytest.fixture
+def served(tmp_path: Path, run_dir: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    """A real server (its own interpreter) for a config in tmp_path; stopped after."""
+    env = _env(_conf(tmp_path))
+    p = _start_server(run_dir, env)
+    yield env, run_dir
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+
+
+def _client_in_subprocess(env: dict[str, str], run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """A client in a process of its own (its stdio is what the worker must write to)."""
+    code = ("import json, os, sys; from pathlib import Path; "
+            "from slurm_colloc.node import script_client as c; "
+            f"o = c.call('prolog', dict(os.environ), c.process_start(), run_dir=Path({str(run_dir)!r})); "
+            "print(json.dumps([o.status, o.why]), flush=True)")
+    return subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_a_served_prolog_logs_its_line_and_writes_to_the_clients_stderr(served, tmp_path) -> None:
+    env, run_dir = served
+    p = _client_in_subprocess(env, run_dir)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == [0, "served"]
+    # the worker's stderr is the client's (slurmd reads it there), and its log line
+    # is the one a prolog in its own process writes, timed from the client's start
+    assert "colloc: prolog: job 7: none gpu=None no GPU bound by slurmd [took " in p.stderr
+    log = (tmp_path / "colloc.log").read_text()
+    assert "prolog: job 7: none gpu=None no GPU bound by slurmd [took " in log
+    assert "script-server: job -: serving " in log
+    # the job's context is in root's state, as after an in-process run
+    assert (tmp_path / "mps").exists()
+
+
+def test_concurrent_clients_are_each_served_once(served, tmp_path) -> None:
+    env, run_dir = served
+    outs: dict[int, client.Outcome] = {}
+
+    def one(job: int) -> None:
+        outs[job] = client.call("prolog", _env(Path(env["COLLOC_CONF"]), job), None,
+                                run_dir=run_dir)
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in range(100, 120)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert {j: o.status for j, o in outs.items()} == {j: 0 for j in range(100, 120)}
+    log = (tmp_path / "colloc.log").read_text()
+    for j in range(100, 120):
+        assert log.count(f"prolog: job {j}: none gpu=None") == 1
+
+
+def test_no_run_directory_or_no_server_means_run_it_here(tmp_path, run_dir) -> None:
+    env = _env(_conf(tmp_path))
+    assert client.call("prolog", env, run_dir=tmp_path / "nowhere") == client.Outcome(None, "absent")
+    out = client.call("prolog", env, run_dir=run_dir)
+    assert out.status is None and out.absent
+
+
+def test_a_run_directory_others_may_enter_is_not_trusted(tmp_path, run_dir, served) -> None:
+    env, _ = served
+    run_dir.chmod(0o755)
+    try:
+        assert client.call("prolog", env, run_dir=run_dir).absent
+    finally:
+        run_dir.chmod(0o700)
+    link = tmp_path / "link"
+    link.symlink_to(run_dir)
+    assert not client.private_dir(link)
+    assert client.call("prolog", env, run_dir=run_dir).status == 0
+
+
+def test_a_server_being_started_is_waited_for_then_given_up(tmp_path, run_dir) -> None:
+    """Its lock held and no socket yet: the client waits (bounded), then runs it here."""
+    env = _env(_conf(tmp_path))
+    fd = root_lock.try_lock(client.lock_path(env, run_dir))
+    assert fd is not None
+    try:
+        t0 = time.monotonic()
+        out = client.call("prolog", env, run_dir=run_dir, start_wait_s=0.5)
+        assert out.absent and 0.4 < time.monotonic() - t0 < 5
+    finally:
+        os.close(fd)
+    t0 = time.monotonic()
+    assert client.call("prolog", env, run_dir=run_dir, start_wait_s=30).absent
+    assert time.monotonic() - t0 < 1  # no lock held: nothing to wait for
+
+
+def _fake_server(run_dir: Path, env: dict[str, str], handle) -> Iterator[list[bytes]]:  # type: ignore[no-untyped-def]
+    """A socket at the server's path whose one connection ``handle`` answers."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(client.socket_path(env, run_dir)))
+    s.listen(1)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = s.accept()
+        with conn:
+            data, fds = server._receive(conn)  # the whole request, as a worker reads it
+            for fd in fds:
+                os.close(fd)
+            assert json.loads(data)["script"] == "prolog"
+            handle(conn, got)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield got
+    t.join(10)
+    s.close()
+
+
+def test_a_worker_that_never_takes_the_request_is_never_told_to_go(tmp_path, run_dir) -> None:
+    env = _env(_conf(tmp_path))
+
+    def silent(conn: socket.socket, got: list[bytes]) -> None:
+        conn.settimeout(5)
+        time.sleep(1.0)
+        try:
+            conn.sendall(b'{"taken": true}\n')  # too late: the client has given up
+            got.append(conn.recv(10))
+        except OSError:
+            got.append(b"")
+
+    for got in _fake_server(run_dir, env, silent):
+        out = client.call("prolog", env, run_dir=run_dir, ack_wait_s=0.3)
+        assert out.status is None and not out.absent
+    assert got == [b""]  # never "go": the worker would not have run it
+
+
+def test_a_worker_that_dies_after_go_leaves_the_run_to_the_client(tmp_path, run_dir) -> None:
+    env = _env(_conf(tmp_path))
+
+    def dies(conn: socket.socket, got: list[bytes]) -> None:
+        conn.sendall(b'{"taken": true}\n')
+        got.append(conn.recv(3))
+
+    for got in _fake_server(run_dir, env, dies):
+        out = client.call("prolog", env, run_dir=run_dir)
+        assert out == client.Outcome(None, "the server's worker ended without a status")
+    assert got == [b"go\n"]
+
+
+def test_a_declined_request_is_run_here_with_the_reason(tmp_path, run_dir) -> None:
+    env = _env(_conf(tmp_path))
+
+    def declines(conn: socket.socket, got: list[bytes]) -> None:
+        conn.sendall(b'{"declined": "colloc\'s code changed since the server started"}\n')
+
+    for _ in _fake_server(run_dir, env, declines):
+        out = client.call("prolog", env, run_dir=run_dir)
+    assert out == client.Outcome(None, "colloc's code changed since the server started")
+
+
+def _request(base: dict[str, str], **over: object) -> bytes:
+    req: dict[str, object] = {"script": "prolog", "env": base, "started": 12.5, "cpu": 0.03,
+                              "stdio": [0, 1, 2]}
+    req.update(over)
+    return json.dumps(req).encode()
+
+
+@pytest.mark.parametrize(("over", "why"), [
+    ({"script": "task_prolog"}, "unknown script"),
+    ({"script": None}, "unknown script"),
+    ({"env": ["x"]}, "map of strings"),
+    ({"env": {"A": 1}}, "map of strings"),
+    ({"env": {"A=B": "x"}}, "map of strings"),
+    ({"env": {"A": "x\x00y"}}, "map of strings"),
+    ({"env": {f"V{i}": "x" for i in range(server.MAX_ENV + 1)}}, "map of strings"),
+    ({"started": "now"}, "bad started"),
+    ({"cpu": -1}, "bad cpu"),
+    ({"cpu": True}, "bad cpu"),
+    ({"stdio": [0, 1, 2, 3]}, "bad stdio"),
+    ({"stdio": [5]}, "bad stdio"),
+    ({"stdio": [1, 1]}, "bad stdio"),
+])
+def test_a_malformed_request_is_declined(tmp_path, over, why) -> None:
+    env = _env(_conf(tmp_path))
+    with pytest.raises(server.Declined, match=why):
+        server.parse_request(_request(env, **over), client.server_key(env))
+
+
+def test_a_request_for_another_config_or_node_is_declined(tmp_path) -> None:
+    env = _env(_conf(tmp_path))
+    key = client.server_key(env)
+    assert server.parse_request(_request(env), key)["script"] == "prolog"
+    with pytest.raises(server.Declined, match="another colloc.conf or node"):
+        server.parse_request(_request({**env, "SLURMD_NODENAME": "n2"}), key)
+    with pytest.raises(server.Declined, match="not JSON"):
+        server.parse_request(b"\xff{", key)
+
+
+def test_a_peer_that_is_not_root_is_dropped_unread(monkeypatch, caplog) -> None:
+    a, b = socket.socketpair()
+    srv = server.Server(a, "k", 60)
+    monkeypatch.setattr(client, "peer_uid", lambda s: os.geteuid() + 1)
+    forked: list[int] = []
+    monkeypatch.setattr(os, "fork", lambda: forked.append(1) or 0)
+    srv.serve_one(b)
+    assert forked == [] and srv.children == set()
+    assert "dropped a connection of uid" in caplog.text
+    a.close()
+
+
+def test_an_upgrade_is_seen_in_the_code_stamp(tmp_path, monkeypatch) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text("x = 1\n")
+    fake = type(sys)("slurm_colloc._stamp_probe")
+    fake.__file__ = str(mod)
+    monkeypatch.setitem(sys.modules, "slurm_colloc._stamp_probe", fake)
+    stamp = server.code_stamp()
+    assert str(mod) in stamp and not server.changed(stamp)
+    mod.write_text("x = 2\n")
+    os.utime(mod, ns=(1, 1))
+    assert server.changed(stamp)
+    mod.unlink()
+    assert server.changed(stamp)
+
+
+def test_the_server_goes_when_idle_and_removes_its_socket(tmp_path, run_dir) -> None:
+    env = _env(_conf(tmp_path, "script_server_idle_s = 1\n"))
+    p = _start_server(run_dir, env)
+    assert client.call("prolog", env, run_dir=run_dir).status == 0
+    assert p.wait(timeout=30) == 0
+    assert not client.socket_path(env, run_dir).exists()
+    assert "exiting: no request for 1s" in (tmp_path / "colloc.log").read_text()
+    assert client.call("prolog", env, run_dir=run_dir).absent
+
+
+def test_switched_off_in_colloc_conf_the_server_declines_and_goes(served, tmp_path) -> None:
+    env, run_dir = served
+    _conf(tmp_path, "script_server_idle_s = 0\n")
+    out = client.call("prolog", env, run_dir=run_dir)
+    assert out == client.Outcome(None, "script_server_idle_s is 0 in colloc.conf")
+    deadline = time.monotonic() + 30
+    while client.socket_path(env, run_dir).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_start_hands_its_lock_to_one_server(tmp_path, no_node_script_server) -> None:
+    env = _env(_conf(tmp_path))
+    cfg = cfgmod.load(env["COLLOC_CONF"])
+    run_dir = tmp_path / "fresh-run"
+    assert script_start.start(env, cfg, run_dir) is True
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    (module, args, child_env), = no_node_script_server
+    assert module == script_start.MODULE and args == ("--run-dir", str(run_dir))
+    # no job's variables reach the resident process
+    assert set(child_env) == {"PATH", "COLLOC_CONF", "SLURMD_NODENAME"}
+    held = root_lock.try_lock(client.lock_path(env, run_dir))
+    assert held is not None  # the fake spawn did not keep it: free again
+    try:
+        assert script_start.start(env, cfg, run_dir) is False  # one is starting
+    finally:
+        os.close(held)
+    assert len(no_node_script_server) == 1
+    off = cfgmod.from_mapping({"script_server_idle_s": 0})
+    assert script_start.start(env, off, run_dir) is False
+
+
+def test_start_refuses_a_run_directory_that_is_not_roots_own(tmp_path, caplog) -> None:
+    env = _env(_conf(tmp_path))
+    run_dir = tmp_path / "open"
+    run_dir.mkdir(mode=0o755)
+    run_dir.chmod(0o755)
+    assert script_start.start(env, cfgmod.load(env["COLLOC_CONF"]), run_dir) is False
+    assert "is not a 0700 directory" in caplog.text
+
+
+def test_config_bounds_of_the_idle_time() -> None:
+    assert cfgmod.from_mapping({"script_server_idle_s": 0}).script_server_idle_s == 0
+    with pytest.raises(cfgmod.ConfigError, match="script_server_idle_s"):
+        cfgmod.from_mapping({"script_server_idle_s": -1})
+    with pytest.raises(cfgmod.ConfigError, match="script_server_idle_s"):
+        cfgmod.from_mapping({"script_server_idle_s": 8 * 86400})
