@@ -155,7 +155,7 @@ def test_a_server_being_started_is_waited_for_then_given_up(tmp_path, run_dir) -
     assert time.monotonic() - t0 < 1  # no lock held: nothing to wait for
 
 
-def _fake_server(run_dir: Path, env: dict[str, str], handle) -> Iterator[list[bytes]]:  # type: ignore[no-untyped-def]
+def _fake_server(run_dir: Path, env: dict[str, str], handle) -> Iterator[list[bytes]]:
     """A socket at the server's path whose one connection ``handle`` answers."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(client.socket_path(env, run_dir)))
@@ -190,7 +190,8 @@ def test_a_worker_that_never_takes_the_request_is_never_told_to_go(tmp_path, run
         except OSError:
             got.append(b"")
 
-    for got in _fake_server(run_dir, env, silent):
+    got: list[bytes] = []
+    for got in _fake_server(run_dir, env, silent):  # noqa: B007 - read after the server ends
         out = client.call("prolog", env, run_dir=run_dir, ack_wait_s=0.3)
         assert out.status is None and not out.absent
     assert got == [b""]  # never "go": the worker would not have run it
@@ -203,7 +204,8 @@ def test_a_worker_that_dies_after_go_leaves_the_run_to_the_client(tmp_path, run_
         conn.sendall(b'{"taken": true}\n')
         got.append(conn.recv(3))
 
-    for got in _fake_server(run_dir, env, dies):
+    got: list[bytes] = []
+    for got in _fake_server(run_dir, env, dies):  # noqa: B007 - read after the server ends
         out = client.call("prolog", env, run_dir=run_dir)
         assert out == client.Outcome(None, "the server's worker ended without a status")
     assert got == [b"go\n"]
@@ -252,7 +254,7 @@ def test_a_request_for_another_config_or_node_is_declined(tmp_path) -> None:
     env = _env(_conf(tmp_path))
     key = client.server_key(env)
     assert server.parse_request(_request(env), key)["script"] == "prolog"
-    with pytest.raises(server.Declined, match="another colloc.conf or node"):
+    with pytest.raises(server.Declined, match=r"another colloc\.conf or node"):
         server.parse_request(_request({**env, "SLURMD_NODENAME": "n2"}), key)
     with pytest.raises(server.Declined, match="not JSON"):
         server.parse_request(b"\xff{", key)
@@ -263,7 +265,11 @@ def test_a_peer_that_is_not_root_is_dropped_unread(monkeypatch, caplog) -> None:
     srv = server.Server(a, "k", 60)
     monkeypatch.setattr(client, "peer_uid", lambda s: os.geteuid() + 1)
     forked: list[int] = []
-    monkeypatch.setattr(os, "fork", lambda: forked.append(1) or 0)
+    def fork() -> int:
+        forked.append(1)
+        return 0
+
+    monkeypatch.setattr(os, "fork", fork)
     srv.serve_one(b)
     assert forked == [] and srv.children == set()
     assert "dropped a connection of uid" in caplog.text
