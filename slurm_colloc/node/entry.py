@@ -7,7 +7,6 @@ is always 0 because a non-zero Prolog/Epilog drains the node.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,16 +14,9 @@ from typing import Any
 from slurm_colloc import config as cfgmod
 from slurm_colloc.node import job as jobmod
 from slurm_colloc.node.logging_setup import node_logger
+from slurm_colloc.node.task_entry import FAULT_KEY, InjectedFault
 from slurm_colloc.node.timing import Stopwatch
 from slurm_colloc.slurm.adapter import SlurmCli
-
-FAULT_KEY = "test_fault_inject"
-"""``[extra] test_fault_inject = "prolog,epilog"`` in colloc.conf makes the named
-scripts raise an internal error: used by the tests that prove a node never drains."""
-
-
-class InjectedFault(RuntimeError):
-    """Raised on purpose (see FAULT_KEY)."""
 
 
 def _setup(component: str, env: Mapping[str, str]):  # type: ignore[no-untyped-def]
@@ -159,37 +151,6 @@ def epilog_context(
     if saved is not None:
         return jobmod.context_from_json(saved, env)
     return jobmod.from_slurm(env, adapter)
-
-
-def task_prolog_main(env: Mapping[str, str]) -> int:
-    """TaskProlog: the site's own first (``chain_task_prolog``), then the export lines
-    the prolog prepared, then the job's checkpoint directory (``checkpoint_dir``).
-
-    The exit status is the site's script's (Slurm fails the task on non-zero, as it
-    would with the site's script alone); colloc's own errors never fail the task.
-    """
-    from slurm_colloc.node.chain import run_site_task_prolog
-    from slurm_colloc.node.checkpoint_dir import checkpoint_lines
-    from slurm_colloc.node.task_prolog import export_lines
-
-    status = 0
-    try:
-        cfg = cfgmod.load()
-        task_env = dict(env)
-        if cfg.chain_task_prolog:
-            site = run_site_task_prolog(cfg.chain_task_prolog, env)
-            sys.stdout.write("".join(f"{ln}\n" for ln in site.lines))
-            sys.stdout.flush()
-            status = site.status
-            task_env.update(site.exported())  # the site's exports count as the user's
-        if "task_prolog" in cfg.extra.get(FAULT_KEY, "").split(","):
-            raise InjectedFault("task_prolog: injected fault")
-        lines = export_lines(cfg.mps_root, int(env["SLURM_JOB_ID"]), task_env)
-        lines += checkpoint_lines(cfg.checkpoint_dir, task_env)
-        sys.stdout.write("".join(f"{ln}\n" for ln in lines))
-    except Exception as e:  # noqa: BLE001 - a TaskProlog error must not fail the task
-        sys.stdout.write(f"print colloc: task prolog: internal error, no MPS settings: {e}\n")
-    return status
 
 
 def epilog_main(env: Mapping[str, str], watch: Stopwatch | None = None,

@@ -77,7 +77,7 @@ def task_prolog() -> int:
     prepared (see task_prolog.py and chain.py)."""
     job = os.environ.get("SLURM_JOB_ID", "?")
     try:
-        from slurm_colloc.node.entry import task_prolog_main
+        from slurm_colloc.node.task_entry import task_prolog_main
 
         return task_prolog_main(dict(os.environ))
     except BaseException as e:  # noqa: BLE001 - a TaskProlog error must not fail the task

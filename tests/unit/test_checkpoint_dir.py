@@ -18,7 +18,7 @@ import pytest
 
 from slurm_colloc.config import ConfigError, load
 from slurm_colloc.node import checkpoint_dir as cd
-from slurm_colloc.node.entry import task_prolog_main
+from slurm_colloc.node.task_entry import task_prolog_main
 
 USER = 65534
 OTHER = 1000

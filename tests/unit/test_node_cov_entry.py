@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurm_colloc.mps.tenancy import Tenancy
-from slurm_colloc.node import entry, epilog, prolog
+from slurm_colloc.node import entry, epilog, prolog, task_entry
 from slurm_colloc.node import job as jobmod
 from slurm_colloc.node.prolog import PrologDecision
 from slurm_colloc.slurm.squeue_json import parse_jobs
@@ -245,7 +245,7 @@ def test_task_prolog_prints_exports(node, capsys) -> None:
     t = Tenancy(node.mps)
     t.write_job_env(7, {"CUDA_MPS_PIPE_DIRECTORY": "/run/mps/0/1001",
                         "COLLOC_LIMIT_MIB": "2048", "LD_PRELOAD": "/evil.so"})
-    assert entry.task_prolog_main({"SLURM_JOB_ID": "7"}) == 0
+    assert task_entry.task_prolog_main({"SLURM_JOB_ID": "7"}) == 0
     out = capsys.readouterr().out.splitlines()
     assert "export CUDA_MPS_PIPE_DIRECTORY=/run/mps/0/1001" in out
     assert "export COLLOC_LIMIT_MIB=2048" in out
@@ -254,7 +254,7 @@ def test_task_prolog_prints_exports(node, capsys) -> None:
 
 
 def test_task_prolog_nothing_prepared_prints_nothing(node, capsys) -> None:
-    assert entry.task_prolog_main({"SLURM_JOB_ID": "7"}) == 0
+    assert task_entry.task_prolog_main({"SLURM_JOB_ID": "7"}) == 0
     assert capsys.readouterr().out == ""
 
 
@@ -267,7 +267,7 @@ def test_task_prolog_nothing_prepared_prints_nothing(node, capsys) -> None:
 def test_task_prolog_errors_become_one_print_line(node, capsys, env, extra, text) -> None:
     if extra:
         node.conf(extra=extra)
-    assert entry.task_prolog_main(env) == 0
+    assert task_entry.task_prolog_main(env) == 0
     out = capsys.readouterr().out
     assert out.startswith("print colloc: task prolog: internal error, no MPS settings: ")
     assert text in out and out.count("\n") == 1
@@ -275,7 +275,7 @@ def test_task_prolog_errors_become_one_print_line(node, capsys, env, extra, text
 
 def test_task_prolog_broken_config(node, capsys) -> None:
     node.conf(text="[[[")
-    assert entry.task_prolog_main({"SLURM_JOB_ID": "7"}) == 0
+    assert task_entry.task_prolog_main({"SLURM_JOB_ID": "7"}) == 0
     assert capsys.readouterr().out.startswith("print colloc: task prolog: internal error")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_colloc.node import entry, scripts
+from slurm_colloc.node import entry, scripts, task_entry
 
 RAISES: list[BaseException] = [
     RuntimeError("boom"),
@@ -45,7 +45,8 @@ def _raiser(exc: BaseException) -> Callable[[dict[str, str]], int]:
 def test_internal_error_exits_0_and_says_so(monkeypatch, capsys, script, target, stream, says,
                                             exc) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "31")
-    monkeypatch.setattr(entry, target, _raiser(exc))
+    monkeypatch.setattr(task_entry if target == "task_prolog_main" else entry, target,
+                        _raiser(exc))
     assert script() == 0
     out = capsys.readouterr()
     text = out.err if stream == "err" else out.out
@@ -69,7 +70,7 @@ def test_passes_a_copy_of_the_environment(monkeypatch, script, target) -> None:
         env["SLURM_JOB_ID"] = "changed"  # must not leak into the process environment
         return 0
 
-    monkeypatch.setattr(entry, target, main)
+    monkeypatch.setattr(task_entry if target == "task_prolog_main" else entry, target, main)
     assert script() == 0
     assert type(seen[0]) is dict and seen[0]["SLURM_JOB_ID"] == "changed"
     import os
@@ -88,6 +89,7 @@ def test_import_failure_of_entry_is_caught(monkeypatch, capsys) -> None:
     """A broken install (entry cannot be imported) still exits 0."""
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     monkeypatch.setitem(sys.modules, "slurm_colloc.node.entry", None)  # import raises
+    monkeypatch.setitem(sys.modules, "slurm_colloc.node.task_entry", None)
     assert scripts.prolog() == 0
     assert scripts.epilog() == 0
     assert scripts.task_prolog() == 0

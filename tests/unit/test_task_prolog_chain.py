@@ -11,7 +11,7 @@ import pytest
 
 from slurm_colloc.mps.tenancy import Tenancy
 from slurm_colloc.node import chain
-from slurm_colloc.node.entry import task_prolog_main
+from slurm_colloc.node.task_entry import task_prolog_main
 
 LIMITED = {"CUDA_MPS_PIPE_DIRECTORY": "/run/x/pipe", "COLLOC_LIMIT_MIB": "6144"}
 
