@@ -182,12 +182,16 @@ def worker(conn: socket.socket, key: str, stamp: Mapping[str, tuple[int, int]]) 
     return 0
 
 
-def _child(conn: socket.socket, listener: socket.socket, key: str,
+def _child(conn: socket.socket, listener: socket.socket, lock: int | None, key: str,
            stamp: Mapping[str, tuple[int, int]]) -> None:
-    """The forked worker's whole life; it never returns."""
+    """The forked worker's whole life; it never returns. It lets go of the server's
+    socket and lock at once: a server killed while its workers run (an epilog may
+    take minutes) is then seen as gone, and the next script starts another."""
     status = 1
     try:
         listener.close()
+        if lock is not None:
+            os.close(lock)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         status = worker(conn, key, stamp)
@@ -200,8 +204,10 @@ def _child(conn: socket.socket, listener: socket.socket, key: str,
 class Server:
     """The accept loop: one forked worker per root connection; idle and upgrade exits."""
 
-    def __init__(self, listener: socket.socket, key: str, idle_s: float) -> None:
+    def __init__(self, listener: socket.socket, key: str, idle_s: float,
+                 lock: int | None = None) -> None:
         self.listener = listener
+        self.lock = lock
         self.key = key
         self.idle_s = idle_s
         self.stamp = code_stamp()
@@ -226,7 +232,7 @@ class Server:
                 return
             pid = os.fork()
             if pid == 0:
-                _child(conn, self.listener, self.key, self.stamp)
+                _child(conn, self.listener, self.lock, self.key, self.stamp)
             self.children.add(pid)
         self.last = time.monotonic()
 
@@ -262,6 +268,17 @@ def _listen(path: Path) -> socket.socket:
     return s
 
 
+def handed_lock(path: Path) -> int | None:
+    """:data:`~slurm_colloc.detach.PASSED_FD` when it is the lock file at ``path`` (the
+    starter's, held across the hand-over); None when the server was started otherwise
+    (by hand, by systemd), whatever that descriptor is."""
+    try:
+        held, there = os.fstat(PASSED_FD), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return PASSED_FD if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m slurm_colloc.node.script_server [--run-dir DIR]`` (root; slurmd's env)."""
     from slurm_colloc.node.logging_setup import node_logger
@@ -269,20 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[1]) if args[:1] == ["--run-dir"] and len(args) > 1 else client.RUN_DIR
     env = dict(os.environ)
-    cfg = cfgmod.load()
-    slog = node_logger("script-server", "-", cfg.log_file)
     ensure_run_dir(run_dir)
-    try:
-        os.fstat(PASSED_FD)
-        lock: int | None = PASSED_FD
-    except OSError:
+    lock = handed_lock(client.lock_path(env, run_dir))  # before any other file is opened
+    if lock is None:
         lock = root_lock.try_lock(client.lock_path(env, run_dir))
     if lock is None:
         return 0  # another server holds it
+    cfg = cfgmod.load()
+    slog = node_logger("script-server", "-", cfg.log_file)
     for name in PRELOAD:
         __import__(name)
     listener = _listen(client.socket_path(env, run_dir))
-    server = Server(listener, client.server_key(env), cfg.script_server_idle_s)
+    server = Server(listener, client.server_key(env), cfg.script_server_idle_s, lock)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stop", True))
     gc.collect()
     gc.freeze()  # workers' pages stay shared: reference counts no longer touch them

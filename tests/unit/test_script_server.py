@@ -348,3 +348,40 @@ def test_config_bounds_of_the_idle_time() -> None:
         cfgmod.from_mapping({"script_server_idle_s": -1})
     with pytest.raises(cfgmod.ConfigError, match="script_server_idle_s"):
         cfgmod.from_mapping({"script_server_idle_s": 8 * 86400})
+
+
+def test_a_killed_server_is_seen_gone_while_its_workers_still_run(tmp_path, run_dir) -> None:
+    """Workers let go of the server's lock: with the server SIGKILLed while one of its
+    workers is busy (an epilog may take minutes), the next script does not wait for a
+    server that will never listen; it runs itself (and starts another)."""
+    env = _env(_conf(tmp_path))
+    p = _start_server(run_dir, env)
+    busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    busy.connect(str(client.socket_path(env, run_dir)))
+    body = json.dumps({"script": "prolog", "env": env, "started": None, "cpu": 0.0,
+                       "stdio": []}).encode()
+    busy.sendall(client._HEADER.pack(len(body)) + body)
+    assert json.loads(busy.recv(100)) == {"taken": True}  # a worker waits for our "go"
+    p.kill()
+    p.wait(timeout=10)
+    t0 = time.monotonic()
+    assert client.call("prolog", env, run_dir=run_dir, start_wait_s=3).absent
+    assert time.monotonic() - t0 < 1.5
+    busy.close()
+
+
+def test_a_server_started_by_hand_takes_its_own_lock(tmp_path, run_dir) -> None:
+    """Without a handed-over lock (systemd, by hand) the server locks for itself, so
+    a second one started beside it exits at once instead of serving too."""
+    env = _env(_conf(tmp_path))
+    p = _start_server(run_dir, env)
+    try:
+        assert client._starting(client.lock_path(env, run_dir))
+        second = subprocess.run(
+            [sys.executable, "-I", "-m", script_start.MODULE, "--run-dir", str(run_dir)],
+            env=env, cwd="/", timeout=60)
+        assert second.returncode == 0
+        assert (tmp_path / "colloc.log").read_text().count("serving ") == 1
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
