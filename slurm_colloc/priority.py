@@ -63,6 +63,21 @@ start, or its node's next job cannot be placed, until it ends, while the jobs al
 running lose a few hundredths of a second; lock holders still go ahead of it."""
 
 
+def raise_process(nice: int = SCRIPT_NICE) -> bool:
+    """Raise this whole process to ``nice`` from its start (a node script's client, the
+    script server), remembering the priority it had as the one :func:`give_back` and
+    :func:`for_child` restore. Returns whether it was raised (root only)."""
+    try:
+        old = os.getpriority(os.PRIO_PROCESS, 0)
+        if nice >= old or _base:
+            return False
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        return False
+    _base.append(old)
+    return True
+
+
 def for_child() -> None:
     """In a child about to become a long-lived process (a detached helper): the priority
     this process had before any raise, so no daemon keeps a script's priority."""

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_colloc import config as cfgmod
-from slurm_colloc import root_lock
+from slurm_colloc import priority, root_lock
 from slurm_colloc.detach import PASSED_FD
 from slurm_colloc.node import script_client as client
 from slurm_colloc.node.script_start import ensure_run_dir
@@ -294,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # another server holds it
     cfg = cfgmod.load()
     slog = node_logger("script-server", "-", cfg.log_file)
+    # it only accepts and forks, but every script waits for that: on a node's busy
+    # cores a server at nice 0 handed out a burst's workers seconds late (issue 28);
+    # workers inherit it, and what they start long-lived gets nice 0 back (priority.py)
+    priority.raise_process()
     for name in PRELOAD:
         __import__(name)
     listener = _listen(client.socket_path(env, run_dir))

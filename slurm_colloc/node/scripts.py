@@ -41,8 +41,10 @@ def _root_script(script: str) -> int:
     """The node's script server runs it, or this process does (see the module doc)."""
     started = None
     try:
+        from slurm_colloc import priority
         from slurm_colloc.node import script_client
 
+        priority.raise_process()  # its job waits for it, from its first instruction
         started = script_client.process_start()
         out = script_client.call(script, os.environ, started)
         if out.status is not None:

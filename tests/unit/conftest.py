@@ -31,15 +31,24 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 @pytest.fixture(autouse=True)
 def no_node_script_server(tmp_path_factory: pytest.TempPathFactory,
-                          monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+                          monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[object, ...]]]:
     """Unit tests never meet or start the node's real script server (/run/colloc): a
     Prolog run through ``slurm_colloc.node.scripts`` by a root test would otherwise be
     served by, or leave behind, a resident root process. Its run directory is a fresh
     path that does not exist, and a start is recorded, not spawned (the server's own
-    tests run it in a subprocess of theirs)."""
+    tests run it in a subprocess of theirs). A script run in the test's process raises
+    its priority for good (``slurm_colloc.priority.raise_process``): the test's
+    priority and that module's record of it are put back afterwards."""
+    import os
+
+    from slurm_colloc import priority
     from slurm_colloc.node import script_client, script_start
 
     monkeypatch.setattr(script_client, "RUN_DIR", tmp_path_factory.mktemp("run") / "colloc")
     spawned: list[tuple[object, ...]] = []
     monkeypatch.setattr(script_start, "spawn_module", lambda *a, **k: spawned.append(a))
-    return spawned
+    nice, base = os.getpriority(os.PRIO_PROCESS, 0), list(priority._base)
+    yield spawned
+    if os.getpriority(os.PRIO_PROCESS, 0) != nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    priority._base[:] = base
