@@ -493,16 +493,27 @@ class MpsDaemon:
 
         Two runs of the control program, not 3 + 2n (issue 28: under a burst the one
         prolog per GPU that commits the cap ran five, each a process start on the
-        node's busy CPUs, while the GPU's other prologs waited for it): the default
-        and the server listing in one session (``set_*`` prints nothing when carried
-        out), then every read-back and every running server's limit in a second
-        (:meth:`_set_and_read_back`).
+        node's busy CPUs, while the GPU's other prologs waited for it): the default,
+        its read-back and the server listing in one session (``set_*`` prints nothing
+        when carried out; the getter's line comes before the listing's pids), then,
+        only when servers run, their limits and read-backs in a second
+        (:meth:`_set_and_read_back`). A fresh daemon has no server until its user's
+        first client connects, so a burst's commits mostly take one run. An answer of
+        another shape falls back to a listing of its own and the checked path.
         """
         if limit_mib <= 0:
             return
         default = f"set_default_device_pinned_mem_limit 0 {limit_mib}M"
-        out = self.command(default, "get_server_list")
-        pids = [int(t) for t in out.split() if t.isdigit() and len(t) < 10]
+        getter, want, kind = readback(default)
+        answers = [a.strip() for a in self.command(default, getter, "get_server_list")
+                   .splitlines() if a.strip()]
+        if answers and _same_value(kind, answers[0], want) and all(
+                t.isdigit() and len(t) < 10 for t in answers[1:]):
+            pids = [int(t) for t in answers[1:]]
+        else:
+            pids = self.server_pids()  # nothing guessed from an unexpected reply
+        if not pids and answers and _same_value(kind, answers[0], want):
+            return  # the default is read back and no server runs: one run
         running = [f"set_device_pinned_mem_limit {pid} 0 {limit_mib}M" for pid in pids]
         self._set_and_read_back(default, running)
 

@@ -67,8 +67,10 @@ def run_here(script: str, env: Mapping[str, str], started: float | None = None,
         from slurm_colloc.node.timing import Stopwatch
 
         main = prolog_main if script == "prolog" else epilog_main
+        watch = Stopwatch.since(started, cpu_before)
+        watch.count_start()  # "start": its process and interpreter, or its hand-over
         with priority.boosted(priority.SCRIPT_NICE):  # its job waits for it (issue 28)
-            return main(env, Stopwatch.since(started, cpu_before), start_server)
+            return main(env, watch, start_server)
     except BaseException as e:  # noqa: BLE001 - last line of defence: never drain the node
         sys.stderr.write(f"colloc: {script}: job {job}: {ON_ERROR[script]}: {e!r}\n")
         return 0

@@ -54,6 +54,11 @@ class Stopwatch:
             return cls()
         return cls(wall0=started, cpu0=-cpu_before)
 
+    def count_start(self) -> None:
+        """Name the time from the script's process start to now ``start`` (its
+        interpreter and imports, or a script server's hand-over to its worker)."""
+        waits.add("start", _now() - self.wall0)
+
     def suffix(self) -> str:
         """``[took 0.41 s, cpu 0.27 s]``, with the named waits of at least
         :data:`SHOWN_WAIT_S` since the start (:mod:`slurm_colloc.waits`):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -359,3 +361,50 @@ def test_mps_fault_kills_every_client_victim_recovers_culprit_stops(
     # attempt on a GPU of its own completed); the culprit's stays its own fatal error
     _wait_causes(cluster, victim, ["co-tenant", "completed"])
     _wait_causes(cluster, culprit, ["cuda-fatal", "cuda-fatal"])
+
+
+def _script_servers(cluster: Cluster) -> list[int]:
+    """Pids of this cluster's script server (its env names this cluster's config)."""
+    needle = f"COLLOC_CONF={cluster.layout.colloc_conf}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"slurm_colloc.node.script_server" in cmd and needle in env:
+            out.append(int(entry.name))
+    return out
+
+
+def test_prologs_are_served_and_a_killed_server_costs_nothing(
+    cluster: Cluster, slurm: SlurmCli, workdir: Path
+) -> None:
+    """Issue 28 (burst): the node's script server runs the Prolog and Epilog; SIGKILLed,
+    the next job's scripts run themselves, start another server, and the job still gets
+    MPS and its limit."""
+    log = cluster.layout.log / "colloc.log"
+    first = sbatch(cluster, workdir, "colloc-simjob --mem 1G --seconds 1", "--gres=shard:2")
+    assert _wait_final(slurm, first) == "COMPLETED"
+    servers = _script_servers(cluster)
+    assert servers, "no script server after a job's prolog"
+    assert "script-server: job -: serving " in log.read_text()
+    for pid in servers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    served_before = log.read_text().count("script-server: job -: serving ")
+    job = sbatch(cluster, workdir, SHOW_ENV + "; colloc-simjob --mem 1G --seconds 1",
+                 "--gres=shard:2")
+    assert _wait_final(slurm, job) == "COMPLETED"
+    out = (workdir / f"{job}.out").read_text()
+    assert "LIMIT=0=" in out and "PIPE=/" in out, out
+    text = log.read_text()
+    assert f"prolog: job {job}: shared " in text
+    deadline = time.monotonic() + 30
+    while log.read_text().count("script-server: job -: serving ") <= served_before:
+        assert time.monotonic() < deadline, "no new script server after the kill"
+        time.sleep(0.5)
+    assert node_state(cluster) in ("idle", "mix"), node_state(cluster)

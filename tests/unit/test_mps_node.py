@@ -198,7 +198,37 @@ def test_a_server_started_while_the_cap_is_raised_gets_the_new_cap() -> None:
     st = d.state  # type: ignore[attr-defined]
     assert st["default"] == 7168
     assert st["servers"] == {4242: 7168}
-    assert st["runs"] == 2  # issue 28: two runs of the control program, not five
+    assert st["runs"] == 1  # issue 28: no server listed: one run of the control program
+
+
+def test_the_cap_takes_one_run_without_servers_and_two_with() -> None:
+    """Issue 28 (burst): the default, its read-back and the listing share a session; a
+    second one sets and reads back each running server's limit."""
+    d = _RacingDaemon()
+    object.__setattr__(d, "state", {"default": 2560, "servers": {}, "listed": 1, "runs": 0})
+    d.cap_user(3072)
+    assert d.state == {"default": 3072, "servers": {}, "listed": 2,  # type: ignore[attr-defined]
+                       "runs": 1}
+    object.__setattr__(d, "state", {"default": 2560, "servers": {77: 2560, 78: 2560},
+                                    "listed": 1, "runs": 0})
+    d.cap_user(6144)
+    st = d.state  # type: ignore[attr-defined]
+    assert st["servers"] == {77: 6144, 78: 6144} and st["default"] == 6144
+    assert st["runs"] == 2
+
+
+def test_a_default_not_read_back_in_the_first_run_is_never_taken_as_set() -> None:
+    class Stale(_RacingDaemon):  # the batched getter answers the old value
+        def command(self, *lines: str, timeout: float = 10) -> str:
+            if len(lines) == 3:
+                self.state["runs"] += 1  # type: ignore[attr-defined]
+                return "2560M\n"
+            return super().command(*lines, timeout=timeout)
+
+    d = Stale()
+    object.__setattr__(d, "state", {"default": 2560, "servers": {}, "listed": 1, "runs": 0})
+    with pytest.raises(MpsControlError, match="did not take the cap"):
+        d.cap_user(4096)
 
 
 class _LongAnswers(_RacingDaemon):
@@ -219,7 +249,7 @@ def test_an_unknown_answer_format_falls_back_to_one_read_back_per_run() -> None:
     d.cap_user(4096)
     st = d.state  # type: ignore[attr-defined]
     assert st["servers"] == {77: 4096} and st["default"] == 4096
-    assert st["runs"] == 5  # batched try, the sets again, two single read-backs
+    assert st["runs"] == 6  # batched try, a listing, the sets, the sets again, two read-backs
 
 
 def test_a_cap_the_daemon_did_not_take_is_an_error() -> None:
