@@ -67,9 +67,15 @@ def raise_process(nice: int = SCRIPT_NICE) -> bool:
     """Raise this whole process to ``nice`` from its start (a node script's client, the
     script server), remembering the priority it had as the one :func:`give_back` and
     :func:`for_child` restore. Returns whether it was raised (root only)."""
+    if _base:
+        return False
     try:
         old = os.getpriority(os.PRIO_PROCESS, 0)
-        if nice >= old or _base:
+        if nice >= old:
+            # started raised already (a wrapper's ``nice -n -5``, before its
+            # interpreter): what it starts long-lived gets nice 0, not the raise
+            if old < 0:
+                _base.append(0)
             return False
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:

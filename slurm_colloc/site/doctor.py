@@ -754,8 +754,9 @@ def script_version(path: Path, run: Runner = _run, depth: int = 0) -> tuple[str 
     """(slurm-colloc version a console script runs, how it was found).
 
     A console script's ``#!`` names its Python: this interpreter means this version;
-    another is asked. A shell wrapper (``exec /opt/colloc/bin/colloc-prolog "$@"``, as
-    the devcluster writes) is followed once.
+    another is asked. A shell wrapper (``exec /opt/colloc/bin/colloc-prolog "$@"``, or
+    ``exec /usr/bin/nice -n -5 /opt/colloc/bin/colloc-prolog "$@"`` as the devcluster
+    writes) is followed once.
     """
     try:
         with path.open("rb") as fh:
@@ -773,7 +774,7 @@ def script_version(path: Path, run: Runner = _run, depth: int = 0) -> tuple[str 
         if rc == 0 and lines:
             return lines[-1].strip(), f"{path} ({interp})"
         return None, f"{path}: {interp} cannot import slurm_colloc"
-    m = re.search(r"^\s*exec\s+(/\S+)", head, re.M)
+    m = re.search(r"^\s*exec\s+(?:(?:/usr)?/bin/nice\s+-n\s*-?\d+\s+)?(/\S+)", head, re.M)
     if m and depth == 0:
         return script_version(Path(m.group(1)), run, depth + 1)
     return None, f"{path}: not a console script of slurm-colloc"

@@ -303,6 +303,8 @@ def test_a_wrapper_is_followed_once(tmp_path: Path) -> None:
     real = _script(tmp_path / "colloc-prolog", f"#!{sys.executable}\n")
     w = _script(tmp_path / "wrap", f'#!/bin/sh\nexport COLLOC_CONF=/x\nexec {real} "$@"\n')
     assert doctor.script_version(w)[0] == __version__
+    niced = _script(tmp_path / "niced", f'#!/bin/sh\nexec /usr/bin/nice -n -5 {real} "$@"\n')
+    assert doctor.script_version(niced)[0] == __version__  # the devcluster's (issue 28)
     loop = _script(tmp_path / "loop", f"#!/bin/sh\nexec {w}\n")
     assert doctor.script_version(loop)[0] is None
 

@@ -385,3 +385,23 @@ def test_a_server_started_by_hand_takes_its_own_lock(tmp_path, run_dir) -> None:
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root (CI runs as root)")
+def test_a_script_raises_itself_once_and_its_long_lived_children_get_nice_0() -> None:
+    from slurm_colloc import priority
+
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+    priority._base.clear()
+    assert priority.raise_process() is True
+    assert os.getpriority(os.PRIO_PROCESS, 0) == priority.SCRIPT_NICE
+    assert priority._base == [0]
+    assert priority.raise_process() is False and priority._base == [0]  # once
+    # started raised by a wrapper (nice -n -5): nothing to raise, children get 0
+    priority._base.clear()
+    assert priority.raise_process() is False and priority._base == [0]
+    pid = os.fork()
+    if pid == 0:
+        priority.for_child()
+        os._exit(0 if os.getpriority(os.PRIO_PROCESS, 0) == 0 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
