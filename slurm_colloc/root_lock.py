@@ -34,3 +34,15 @@ def try_lock(path: Path) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def held_elsewhere(fd: int) -> bool:
+    """Whether another open file holds an exclusive lock on ``fd``'s file (a probe:
+    nothing is kept; closing ``fd`` is the caller's). An unexpected error is "not held"."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False

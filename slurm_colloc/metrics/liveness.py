@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_colloc import root_lock
 from slurm_colloc.metrics import store
 
 PRIVATE_DIR = "collector"
@@ -134,16 +135,11 @@ def collector_running(metrics_dir: str | os.PathLike[str]) -> bool:
     finally:
         os.close(dfd)
     try:
-        if os.fstat(fd).st_uid != os.geteuid():
-            return False
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return os.fstat(fd).st_uid == os.geteuid() and root_lock.held_elsewhere(fd)
     except OSError:
         return False
     finally:
         os.close(fd)
-    return False
 
 
 def write_private(metrics_dir: str | os.PathLike[str], name: str, text: str) -> None:

@@ -22,7 +22,6 @@ must be the caller's uid, so no user can stand in for the server.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -33,6 +32,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_colloc import root_lock
 
 RUN_DIR = Path("/run/colloc")
 """Root's directory for the servers' sockets and locks (0700)."""
@@ -138,14 +139,9 @@ def _starting(lock: Path) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
+        return root_lock.held_elsewhere(fd)
     finally:
         os.close(fd)
-    return False
 
 
 def _reach(env: Mapping[str, str], run_dir: Path, start_wait_s: float) -> socket.socket | None:
