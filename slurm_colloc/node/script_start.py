@@ -44,11 +44,14 @@ def server_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def start(env: Mapping[str, str], cfg: CollocConfig, run_dir: Path | None = None) -> bool:
     """From a script that found no server: start one detached, unless it is off in
-    colloc.conf or another process holds its lock (one starting). The lock taken here
+    colloc.conf, the script was not run by slurmd (no ``SLURMD_NODENAME`` or
+    ``SLURM_JOB_ID``), or another process holds its lock (one starting). The lock taken here
     is handed to the server, so the scripts after this one wait for it instead of
     starting their own. Never raises; True when one was started."""
     if cfg.script_server_idle_s <= 0:
         return False
+    if not env.get("SLURMD_NODENAME") or not env.get("SLURM_JOB_ID"):
+        return False  # not run by slurmd (by hand, a test): no node to serve
     run_dir = client.RUN_DIR if run_dir is None else run_dir
     try:
         ensure_run_dir(run_dir)

@@ -94,6 +94,19 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return VENV
 
 
+def _script_servers_of(venv: Path) -> list[int]:
+    """Pids of script servers (slurm_colloc.node.script_server) run by ``venv``'s python."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"slurm_colloc.node.script_server" in cmd and str(venv).encode() in cmd:
+            out.append(int(entry.name))
+    return out
+
+
 def test_console_scripts_and_modules_come_from_the_wheel(venv: Path) -> None:
     b = venv / "bin"
     for argv in (["colloc", "--help"], ["colloc", "admin", "--help"],
@@ -106,6 +119,8 @@ def test_console_scripts_and_modules_come_from_the_wheel(venv: Path) -> None:
     # Slurm starts the prolog with almost no environment; it must never fail the job
     prolog = _run([str(b / "colloc-prolog")], env={})
     assert prolog.returncode == 0, prolog.stderr
+    time.sleep(1)  # a detached start would be running by now
+    assert not _script_servers_of(venv), "a prolog run by hand left a script server behind"
     out = _ok(_run([str(b / "python"), "-c",
                     "import slurm_colloc, slurm_colloc.gpu.sim, slurm_colloc.selftest, "
                     "slurm_colloc.mps.v3; print(slurm_colloc.__file__)"]))

@@ -331,6 +331,11 @@ def test_start_hands_its_lock_to_one_server(tmp_path, no_node_script_server) -> 
     assert len(no_node_script_server) == 1
     off = cfgmod.from_mapping({"script_server_idle_s": 0})
     assert script_start.start(env, off, run_dir) is False
+    # a prolog run by hand (no slurmd around it) leaves no resident server behind
+    for missing in ("SLURMD_NODENAME", "SLURM_JOB_ID"):
+        bare = {k: v for k, v in env.items() if k != missing}
+        assert script_start.start(bare, cfg, run_dir) is False
+    assert len(no_node_script_server) == 1
 
 
 def test_start_refuses_a_run_directory_that_is_not_roots_own(tmp_path, caplog) -> None:
