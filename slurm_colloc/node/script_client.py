@@ -18,6 +18,11 @@ server being started (its lock held, no socket yet) is waited for up to
 Trust: root talks to root only. The socket lives in :data:`RUN_DIR`, a directory that
 must be the caller's (root's) and closed to everyone else, and the peer's credentials
 must be the caller's uid, so no user can stand in for the server.
+
+A worker that dies after ``go`` (killed, out of memory) leaves the run to the client,
+which runs the script again: colloc's scripts are safe to run again for one job (the
+prolog's steps are idempotent under their locks; the epilog holds the job's once-lock,
+:mod:`slurm_colloc.node.epilog_once`), and a job must not lose its prolog or epilog.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from pathlib import Path
 
 from slurm_colloc import root_lock
 
-RUN_DIR = Path("/run/colloc")
-"""Root's directory for the servers' sockets and locks (0700)."""
+RUN_DIR = Path("/run/colloc-scripts")
+"""Root's directory for the servers' sockets and locks (0700). Not ``/run/colloc``:
+that is the parent of the default ``mps_root``, which jobs must be able to traverse."""
 SCRIPTS = ("prolog", "epilog")
 """What a server runs: the root scripts only (the TaskProlog runs as the job's user)."""
 MAX_REQUEST = 1 << 20
@@ -122,6 +128,18 @@ def _stdio() -> tuple[list[int], list[int]]:
     return fds, list(fds)
 
 
+def _fill_stdio() -> None:
+    """``/dev/null`` on any of fds 0-2 slurmd left closed, so that no socket of ours
+    takes one of those numbers and is sent to the worker as its stdio."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if null != fd:
+                os.close(null)
+
+
 def _connect(path: Path) -> socket.socket | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -184,6 +202,7 @@ def call(script: str, env: Mapping[str, str], started: float | None = None, *,
     """
     run_dir = RUN_DIR if run_dir is None else run_dir
     try:
+        _fill_stdio()
         if not private_dir(run_dir):
             return Outcome(None, "absent")
         s = _reach(env, run_dir, start_wait_s)

@@ -64,6 +64,15 @@ class Declined(ValueError):
     """A request this server does not run; the client runs the script itself."""
 
 
+class Stop(Declined):
+    """Declined, and the server must stop (its code changed, or it was switched off)."""
+
+
+STOP_STATUS = 75
+"""A worker's exit status that tells the server to stop. Never a signal to the worker's
+parent: a worker whose server already exited has been reparented (to init)."""
+
+
 def code_stamp() -> dict[str, tuple[int, int]]:
     """(inode, mtime) of every colloc module file loaded: an upgrade changes them."""
     out = {}
@@ -158,17 +167,15 @@ def worker(conn: socket.socket, key: str, stamp: Mapping[str, tuple[int, int]]) 
         if len(fds) != len(req["stdio"]):
             raise Declined("stdio descriptors missing")
         if changed(stamp):
-            os.kill(os.getppid(), signal.SIGTERM)
-            raise Declined("colloc's code changed since the server started")
+            raise Stop("colloc's code changed since the server started")
         os.environ.clear()
         os.environ.update(req["env"])
         if not _configured_on():
-            os.kill(os.getppid(), signal.SIGTERM)
-            raise Declined("script_server_idle_s is 0 in colloc.conf")
+            raise Stop("script_server_idle_s is 0 in colloc.conf")
     except (Declined, OSError) as e:
         with contextlib.suppress(OSError):
             _send(conn, {"declined": str(e)})
-        return 0
+        return STOP_STATUS if isinstance(e, Stop) else 0
     _send(conn, {"taken": True})
     if conn.recv(3) != b"go\n":  # the client gave up waiting: it runs the script itself
         return 0
@@ -216,11 +223,14 @@ class Server:
         self.last = time.monotonic()
 
     def reap(self) -> None:
+        """Collect ended workers; one that ended with :data:`STOP_STATUS` stops the server."""
         for pid in list(self.children):
             with contextlib.suppress(ChildProcessError):
-                done, _ = os.waitpid(pid, os.WNOHANG)
+                done, status = os.waitpid(pid, os.WNOHANG)
                 if not done:
                     continue
+                if os.waitstatus_to_exitcode(status) == STOP_STATUS:
+                    self.stop = True
             self.children.discard(pid)
 
     def serve_one(self, conn: socket.socket) -> None:
@@ -247,9 +257,14 @@ class Server:
             except InterruptedError:
                 continue
             if ready:
-                with contextlib.suppress(BlockingIOError, InterruptedError):
+                try:
                     conn, _ = self.listener.accept()
                     self.serve_one(conn)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as e:  # EMFILE, ECONNABORTED, a fork's ENOMEM: that
+                    log.warning("accept: %s", e)  # client runs its script itself
+                    time.sleep(0.1)
         return "told to stop (SIGTERM, an upgrade or colloc.conf)"
 
 
@@ -288,8 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     ensure_run_dir(run_dir)
     lock = handed_lock(client.lock_path(env, run_dir))  # before any other file is opened
-    if lock is None:
+    for _ in range(20):  # a client's probe holds it shared for an instant
+        if lock is not None:
+            break
         lock = root_lock.try_lock(client.lock_path(env, run_dir))
+        time.sleep(0.05 if lock is None else 0)
     if lock is None:
         return 0  # another server holds it
     cfg = cfgmod.load()

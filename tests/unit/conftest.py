@@ -32,7 +32,7 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 @pytest.fixture(autouse=True)
 def no_node_script_server(tmp_path_factory: pytest.TempPathFactory,
                           monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[object, ...]]]:
-    """Unit tests never meet or start the node's real script server (/run/colloc): a
+    """Unit tests never meet or start the node's real script server (/run/colloc-scripts): a
     Prolog run through ``slurm_colloc.node.scripts`` by a root test would otherwise be
     served by, or leave behind, a resident root process. Its run directory is a fresh
     path that does not exist, and a start is recorded, not spawned (the server's own

@@ -410,3 +410,45 @@ def test_a_script_raises_itself_once_and_its_long_lived_children_get_nice_0() ->
         priority.for_child()
         os._exit(0 if os.getpriority(os.PRIO_PROCESS, 0) == 0 else 1)
     assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_a_stopping_worker_tells_its_server_by_exit_status_never_by_signal() -> None:
+    """A worker that finds the code changed or the server switched off stops the server
+    through its exit status; it never signals its parent, which after the server's
+    exit is init (review of issue 28's server: SIGTERM to PID 1)."""
+    a, b = socket.socketpair()
+    srv = server.Server(a, "k", 60)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(server.STOP_STATUS)
+    srv.children.add(pid)
+    deadline = time.monotonic() + 10
+    while srv.children:
+        srv.reap()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert srv.stop
+    a.close()
+    b.close()
+    text = (REPO / "slurm_colloc" / "node" / "script_server.py").read_text()
+    assert "os.kill(" not in text and "getppid" not in text
+
+
+def test_a_client_whose_stderr_slurmd_closed_is_still_served(served) -> None:
+    """slurmd may start the client with fd 2 closed: it is still served, and its socket
+    never takes that number (it would be sent to the worker as its own stderr, the
+    review of issue 28's server found: the worker's lines then went nowhere)."""
+    env, run_dir = served
+    probe = ("import socket; from slurm_colloc.node import script_client as c; "
+             "c._fill_stdio(); s = socket.socket(socket.AF_UNIX); print(s.fileno())")
+    fd = subprocess.run(["/bin/sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, probe],
+                        capture_output=True, text=True, timeout=60, cwd=REPO).stdout
+    assert int(fd) > 2, fd
+    code = ("import json, os; from pathlib import Path; "
+            "from slurm_colloc.node import script_client as c; "
+            f"o = c.call('prolog', dict(os.environ), None, run_dir=Path({str(run_dir)!r})); "
+            "print(json.dumps([o.status, o.why]), flush=True)")
+    p = subprocess.run(["/bin/sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, code],
+                       env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert json.loads(p.stdout.splitlines()[-1]) == [0, "served"], p.stdout
