@@ -452,3 +452,13 @@ def test_a_client_whose_stderr_slurmd_closed_is_still_served(served) -> None:
                        env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                        timeout=120, cwd=REPO)
     assert json.loads(p.stdout.splitlines()[-1]) == [0, "served"], p.stdout
+
+
+def test_the_servers_directory_is_no_parent_of_what_jobs_must_reach() -> None:
+    """Review of issue 28's server: with its 0700 directory at /run/colloc, the parent
+    of the default mps_root, the first prolog on a fresh node locked every job out of
+    its MPS pipe directory (or, made 0755 first by MPS, kept the server off)."""
+    defaults = cfgmod.CollocConfig()
+    for path in (defaults.mps_root, defaults.metrics_dir, defaults.evidence_dir):
+        assert not Path(path).is_relative_to(client.RUN_DIR), path
+    assert client.RUN_DIR.parent == Path("/run")
