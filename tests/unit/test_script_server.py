@@ -454,10 +454,11 @@ def test_a_client_whose_stderr_slurmd_closed_is_still_served(served) -> None:
     assert json.loads(p.stdout.splitlines()[-1]) == [0, "served"], p.stdout
 
 
-def test_the_servers_directory_is_no_parent_of_what_jobs_must_reach() -> None:
+def test_the_servers_directory_is_no_parent_of_what_jobs_must_reach(monkeypatch) -> None:
     """Review of issue 28's server: with its 0700 directory at /run/colloc, the parent
     of the default mps_root, the first prolog on a fresh node locked every job out of
     its MPS pipe directory (or, made 0755 first by MPS, kept the server off)."""
+    monkeypatch.undo()  # the real RUN_DIR, not the unit tests' stand-in
     defaults = cfgmod.CollocConfig()
     for path in (defaults.mps_root, defaults.metrics_dir, defaults.evidence_dir):
         assert not Path(path).is_relative_to(client.RUN_DIR), path
