@@ -197,6 +197,7 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
             oom = [ln for ln in p.read_text(errors="replace").splitlines() if "OutOfMemory" in ln]
             for ln in oom[:1]:
                 console.print(f"  [red]{ln[:150]}[/]")
+    console.print(_node_scripts_line(cfg, list(ids.values())))
     final = {n: job_state(slurm, j) for n, j in ids.items()}
     ok = all(v == "COMPLETED" for v in final.values())
     console.print()
@@ -224,6 +225,27 @@ def run(console: Console, root: Path | None = None, *, site: bool = True) -> int
                   "philly90   (90-job trace through Slurm, whole-GPU vs shards vs colloc, "
                   "about 7 minutes; results in benchmarks/results/)")
     return 0 if ok else 1
+
+
+def _node_scripts_line(cfg: cfgmod.CollocConfig, jobs: list[int]) -> str:
+    """What the jobs' prologs cost, and whether the node's script server ran them
+    (issue 28: colloc-prolog is a client of a resident server; docs/node.md)."""
+    from slurm_colloc.bench.burst import percentile, prolog_runs
+
+    try:
+        lines = Path(cfg.log_file or "").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    runs = prolog_runs(lines, jobs)
+    served = sum("script-server: job -: serving" in ln for ln in lines)
+    if not runs:
+        return ""
+    took = percentile([r.wall_s for r in runs], 50)
+    again = ", restarted" if served > 1 else ""
+    how = (f"the node's script server (started by the first prolog{again}) ran them in "
+           "forked workers" if served else "each ran in its own interpreter")
+    return (f"\nNode scripts: {len(runs)} prologs, median {took:.2f} s from each one's process "
+            f"start (interpreter included); {how}.")
 
 
 def _placement(placed: dict[str, tuple[int, ...]]) -> str:
