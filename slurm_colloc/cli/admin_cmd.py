@@ -285,6 +285,33 @@ def collector_unit(install_: bool, unit_dir: Path) -> None:
                f"{unit.UNIT_NAME}\nand in colloc.conf: collector_unit = \"{unit.UNIT_NAME}\"")
 
 
+@admin.command("node-clients")
+@click.option("--dest", type=click.Path(path_type=Path, file_okay=False),
+              default=Path("/usr/local/lib/slurm-colloc"), show_default=True,
+              help="Where the two programs are written (the same path on every GPU node).")
+def node_clients(dest: Path) -> None:
+    """Build the C clients of the node's script server for slurm.conf's Prolog/Epilog.
+
+    Each hands slurmd's run to the node's resident script server in about a millisecond
+    of CPU (the Python console script spends ~0.07 s on its interpreter first) and
+    falls back to this installation's colloc-prolog/colloc-epilog whenever the server
+    does not take it. Run it on every GPU node (it needs a C compiler), after each
+    upgrade that moves the console scripts; then point slurm.conf at the printed paths.
+    """
+    from slurm_colloc.node import script_client_build as clients
+
+    scripts = site.node_script_paths()
+    lines = []
+    for script, key in (("prolog", "Prolog"), ("epilog", "Epilog")):
+        try:
+            built = clients.build(dest / f"{clients.SCRIPTS[script]}-client", script,
+                                  scripts[key])
+        except (clients.BuildError, OSError) as e:
+            raise click.ClickException(_one_line(e)) from e
+        lines.append(f"{key}={built}")
+    click.echo("built; in slurm.conf, in place of colloc's console scripts:\n" + "\n".join(lines))
+
+
 @admin.command("compute-history")
 @click.option("--days", type=click.IntRange(1, 3650), default=None,
               help="How far back to read finished jobs (default: history_days).")

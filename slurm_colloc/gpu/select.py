@@ -10,6 +10,13 @@ from __future__ import annotations
 from slurm_colloc.config import CollocConfig
 from slurm_colloc.gpu.backend import GpuBackend, GpuBackendError, GpuInfo
 
+BACKEND_MODULES: dict[str, tuple[str, ...]] = {
+    "nvml": ("slurm_colloc.gpu.dcgm", "slurm_colloc.gpu.nvml"),
+    "sim": ("slurm_colloc.gpu.sim.backend",),
+}
+"""The modules each backend's code lives in (imported when it is chosen): the node's
+script server loads the configured one's before it forks workers."""
+
 
 def backend_from_config(cfg: CollocConfig, *, with_dcgm: bool = True) -> GpuBackend:
     """The backend ``cfg.gpu_backend`` names (``nvml`` or ``sim``)."""

@@ -27,8 +27,6 @@ prolog's steps are idempotent under their locks; the epilog holds the job's once
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import socket
 import stat
@@ -54,6 +52,12 @@ ACK_WAIT_S = 5.0
 worker starts only on the client's ``go``, so a late worker never runs it too."""
 _HEADER = struct.Struct("!I")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAGIC = b"colloc-script/2"
+"""The request's first field. The wire is plain bytes so that the C client
+(``script_client.c``) speaks it without a JSON encoder: after the 4-byte length, NUL-
+terminated fields ``MAGIC, script, started, cpu, stdio`` (``0,1,2``; empty numbers are
+unknown), then slurmd's environment as ``NAME=VALUE`` fields, as ``/proc/PID/environ``
+holds it. Replies are lines: ``taken``, ``declined <why>``, ``status <n>``."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,49 @@ class Outcome:
 
 
 def server_key(env: Mapping[str, str]) -> str:
-    """One server per (colloc.conf, node): devclusters run several of each on a host."""
-    text = f"{env.get('COLLOC_CONF', '')}\0{env.get('SLURMD_NODENAME', '')}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """One server per (colloc.conf, node): devclusters run several of each on a host.
+
+    FNV-1a (64 bits, hex) of ``COLLOC_CONF``, NUL, ``SLURMD_NODENAME``: a name, not a
+    secret (the directory is root's own), and the C client computes the same in a few
+    lines."""
+    h = 0xCBF29CE484222325
+    for byte in os.fsencode(f"{env.get('COLLOC_CONF', '')}\0{env.get('SLURMD_NODENAME', '')}"):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def encode_request(script: str, env: Mapping[str, str], started: float | None, cpu: float,
+                   stdio: list[int]) -> bytes:
+    """The request body (:data:`MAGIC`): what the worker needs to run ``script``."""
+    fields = [MAGIC, script.encode(), b"" if started is None else repr(started).encode(),
+              repr(cpu).encode(), ",".join(map(str, stdio)).encode()]
+    fields += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+    return b"".join(f + b"\0" for f in fields)
+
+
+def decode_request(data: bytes) -> tuple[list[str], dict[str, str]]:
+    """The five header fields and the environment of a request body; ValueError when it
+    is not one. Names and values are decoded as ``os.environ`` decodes them."""
+    if not data.endswith(b"\0"):
+        raise ValueError("not NUL-terminated")
+    fields = data[:-1].split(b"\0")
+    if len(fields) < 5 or fields[0] != MAGIC:
+        raise ValueError("not a colloc-script/2 request")
+    env = {}
+    for item in fields[5:]:
+        name, eq, value = item.partition(b"=")
+        if not eq or not name:
+            raise ValueError("an environment entry is not NAME=VALUE")
+        env[os.fsdecode(name)] = os.fsdecode(value)
+    if len(env) != len(fields) - 5:
+        raise ValueError("an environment name is repeated")
+    return [os.fsdecode(f) for f in fields[1:5]], env
+
+
+def reply(kind: str, value: object = "") -> bytes:
+    """A reply line: ``taken``, ``declined <why>`` or ``status <n>`` (one line)."""
+    text = " ".join(str(value).split())
+    return f"{kind} {text}".rstrip().encode() + b"\n"
 
 
 def socket_path(env: Mapping[str, str], run_dir: Path = RUN_DIR) -> Path:
@@ -179,16 +223,16 @@ def _reach(env: Mapping[str, str], run_dir: Path, start_wait_s: float) -> socket
     return None
 
 
-def _read_reply(s: socket.socket) -> dict[str, object]:
-    """One JSON line from the worker; {} when it closed without one."""
+def _read_reply(s: socket.socket) -> tuple[str, str]:
+    """One reply line from the worker as (kind, rest); ("", "") when it closed first."""
     buf = b""
     while not buf.endswith(b"\n") and len(buf) < 65536:
         chunk = s.recv(4096)
         if not chunk:
-            return {}
+            return "", ""
         buf += chunk
-    reply = json.loads(buf)
-    return reply if isinstance(reply, dict) else {}
+    kind, _, rest = buf.decode(errors="replace").strip().partition(" ")
+    return kind, rest
 
 
 def call(script: str, env: Mapping[str, str], started: float | None = None, *,
@@ -212,22 +256,21 @@ def call(script: str, env: Mapping[str, str], started: float | None = None, *,
             if peer_uid(s) != os.geteuid():
                 return Outcome(None, "the socket's peer is not root")
             fds, numbers = _stdio()
-            body = json.dumps({"script": script, "env": dict(env), "started": started,
-                               "cpu": _cpu(), "stdio": numbers}).encode()
+            body = encode_request(script, env, started, _cpu(), numbers)
             if len(body) > MAX_REQUEST:
                 return Outcome(None, f"request of {len(body)} bytes is too large")
             socket.send_fds(s, [_HEADER.pack(len(body))], fds)
             s.sendall(body)
             s.settimeout(ack_wait_s)
-            ack = _read_reply(s)
-            if ack.get("taken") is not True:
-                return Outcome(None, str(ack.get("declined") or "no answer from the server"))
+            kind, why = _read_reply(s)
+            if kind != "taken":
+                return Outcome(None, why if kind == "declined" and why
+                               else "no answer from the server")
             s.sendall(b"go\n")  # committed: from here the worker runs it, never both
             s.settimeout(None)
-            done = _read_reply(s)
-        status = done.get("status")
-        if isinstance(status, int) and not isinstance(status, bool):
-            return Outcome(status, "served")
+            kind, status = _read_reply(s)
+        if kind == "status" and status.lstrip("-").isdigit():
+            return Outcome(int(status), "served")
         return Outcome(None, "the server's worker ended without a status")
     except Exception as e:  # noqa: BLE001 - the caller runs the script itself
         return Outcome(None, f"{type(e).__name__}: {e}")

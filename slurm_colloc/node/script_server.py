@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import select
@@ -97,31 +96,39 @@ def changed(stamp: Mapping[str, tuple[int, int]]) -> bool:
     return False
 
 
+def _number(text: str, name: str) -> float | None:
+    """A request's ``started``/``cpu`` field: empty (unknown) or 0 <= x < 1e10."""
+    if not text:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise Declined(f"bad {name}") from None
+    if not 0 <= v < 1e10:  # also NaN
+        raise Declined(f"bad {name}")
+    return v
+
+
 def parse_request(data: bytes, key: str) -> dict[str, Any]:
     """The checked request (script, env, started, cpu, stdio); :class:`Declined` if not."""
     try:
-        req = json.loads(data)
+        (script, started, cpu, stdio_text), env = client.decode_request(data)
     except ValueError as e:
-        raise Declined(f"not JSON: {e}") from None
-    if not isinstance(req, dict) or req.get("script") not in client.SCRIPTS:
+        raise Declined(f"not a request: {e}") from None
+    if script not in client.SCRIPTS:
         raise Declined("unknown script")
-    env = req.get("env")
-    if not isinstance(env, dict) or len(env) > MAX_ENV or not all(
-            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
-            for k, v in env.items()):
-        raise Declined("the environment is not a map of strings")
+    if len(env) > MAX_ENV:
+        raise Declined("the environment has too many variables")
     if client.server_key(env) != key:
         raise Declined("another colloc.conf or node than this server's")
-    for name in ("started", "cpu"):
-        v = req.get(name)
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
-                              or not 0 <= v < 1e10):
-            raise Declined(f"bad {name}")
-    stdio = req.get("stdio")
-    if not isinstance(stdio, list) or len(stdio) > 3 or any(
-            n not in (0, 1, 2) for n in stdio) or len(set(stdio)) != len(stdio):
+    try:
+        stdio = [int(n) for n in stdio_text.split(",")] if stdio_text else []
+    except ValueError:
+        raise Declined("bad stdio") from None
+    if len(stdio) > 3 or any(n not in (0, 1, 2) for n in stdio) or len(set(stdio)) != len(stdio):
         raise Declined("bad stdio")
-    return req
+    return {"script": script, "env": env, "started": _number(started, "started"),
+            "cpu": _number(cpu, "cpu"), "stdio": stdio}
 
 
 def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
@@ -145,8 +152,8 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     return data, fds
 
 
-def _send(conn: socket.socket, reply: Mapping[str, object]) -> None:
-    conn.sendall(json.dumps(reply).encode() + b"\n")
+def _send(conn: socket.socket, kind: str, value: object = "") -> None:
+    conn.sendall(client.reply(kind, value))
 
 
 def _configured_on() -> bool:
@@ -174,9 +181,9 @@ def worker(conn: socket.socket, key: str, stamp: Mapping[str, tuple[int, int]]) 
             raise Stop("script_server_idle_s is 0 in colloc.conf")
     except (Declined, OSError) as e:
         with contextlib.suppress(OSError):
-            _send(conn, {"declined": str(e)})
+            _send(conn, "declined", e)
         return STOP_STATUS if isinstance(e, Stop) else 0
-    _send(conn, {"taken": True})
+    _send(conn, "taken")
     if conn.recv(3) != b"go\n":  # the client gave up waiting: it runs the script itself
         return 0
     conn.settimeout(None)
@@ -185,7 +192,7 @@ def worker(conn: socket.socket, key: str, stamp: Mapping[str, tuple[int, int]]) 
         if fd != number:
             os.close(fd)
     status = run_here(req["script"], dict(req["env"]), req["started"], req["cpu"] or 0.0)
-    _send(conn, {"status": status})
+    _send(conn, "status", status)
     return 0
 
 
@@ -316,8 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     # cores a server at nice 0 handed out a burst's workers seconds late (issue 28);
     # workers inherit it, and what they start long-lived gets nice 0 back (priority.py)
     priority.raise_process()
-    for name in PRELOAD:
-        __import__(name)
+    from slurm_colloc.gpu.select import BACKEND_MODULES
+
+    for name in (*PRELOAD, *BACKEND_MODULES.get(cfg.gpu_backend, ())):
+        with contextlib.suppress(ImportError):  # the worker reports it, as a script would
+            __import__(name)
     listener = _listen(client.socket_path(env, run_dir))
     server = Server(listener, client.server_key(env), cfg.script_server_idle_s, lock)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stop", True))

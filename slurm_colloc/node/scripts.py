@@ -37,29 +37,42 @@ def epilog() -> int:
     return _root_script("epilog")
 
 
+NOT_SERVED = "--not-served"
+"""``colloc-prolog --not-served WHY``: the C client (``script_client.c``) already offered
+the run to the node's script server, which did not take it (``WHY``, logged); run it
+here without asking again. Only root's client passes arguments: slurmd passes none."""
+
+
 def _root_script(script: str) -> int:
     """The node's script server runs it, or this process does (see the module doc)."""
     started = None
+    args = sys.argv[1:]
     try:
         from slurm_colloc import priority
         from slurm_colloc.node import script_client
 
         priority.raise_process()  # its job waits for it, from its first instruction
         started = script_client.process_start()
-        out = script_client.call(script, os.environ, started)
-        if out.status is not None:
-            return out.status
-        absent = out.absent
-    except BaseException:  # noqa: BLE001 - never in the way: run it here
-        absent = False
-    return run_here(script, dict(os.environ), started, start_server=absent)
+        if len(args) == 2 and args[0] == NOT_SERVED:
+            why = args[1]
+        else:
+            out = script_client.call(script, os.environ, started)
+            if out.status is not None:
+                return out.status
+            why = out.why
+    except BaseException as e:  # noqa: BLE001 - never in the way: run it here
+        why = f"client error {type(e).__name__}"
+    return run_here(script, dict(os.environ), started, start_server=why == "absent",
+                    not_served=why)
 
 
 def run_here(script: str, env: Mapping[str, str], started: float | None = None,
-             cpu_before: float = 0.0, start_server: bool = False) -> int:
+             cpu_before: float = 0.0, start_server: bool = False,
+             not_served: str | None = None) -> int:
     """Run the Prolog or Epilog body in this process (a script's own, or a server's
     worker); ``started``/``cpu_before``: the script's process start and its client's CPU,
-    so its log line counts the whole run. Always 0 (a non-zero status drains the node)."""
+    so its log line counts the whole run. ``not_served``: why the node's script server
+    did not run it (on the log line). Always 0 (a non-zero status drains the node)."""
     job = env.get("SLURM_JOB_ID", "?")
     try:
         from slurm_colloc import priority
@@ -69,6 +82,7 @@ def run_here(script: str, env: Mapping[str, str], started: float | None = None,
         main = prolog_main if script == "prolog" else epilog_main
         watch = Stopwatch.since(started, cpu_before)
         watch.count_start()  # "start": its process and interpreter, or its hand-over
+        watch.not_served = not_served
         with priority.boosted(priority.SCRIPT_NICE):  # its job waits for it (issue 28)
             return main(env, watch, start_server)
     except BaseException as e:  # noqa: BLE001 - last line of defence: never drain the node

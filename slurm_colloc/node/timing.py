@@ -43,6 +43,9 @@ class Stopwatch:
     wall0: float = field(default_factory=_now)
     cpu0: float = field(default_factory=_cpu)
     waits0: dict[str, float] = field(default_factory=waits.snapshot)
+    not_served: str | None = None
+    """Why the node's script server did not run this script (None: it did, or it was
+    never asked); the suffix names it, so an admin sees a server that keeps declining."""
 
     @classmethod
     def since(cls, started: float | None, cpu_before: float = 0.0) -> Stopwatch:
@@ -67,6 +70,9 @@ class Stopwatch:
         cpu = _cpu() - self.cpu0
         spent = {k: v - self.waits0.get(k, 0.0) for k, v in waits.snapshot().items()}
         shown = "".join(f", {k} {v:.2f} s" for k, v in spent.items() if v >= SHOWN_WAIT_S)
+        if self.not_served:
+            why = " ".join(self.not_served.replace("]", ")").split())[:200]
+            shown += f", not served: {why}"
         return f"[took {wall:.2f} s, cpu {cpu:.2f} s{'; ' + shown[2:] if shown else ''}]"
 
 

@@ -755,14 +755,24 @@ def script_version(path: Path, run: Runner = _run, depth: int = 0) -> tuple[str 
 
     A console script's ``#!`` names its Python: this interpreter means this version;
     another is asked. A shell wrapper (``exec /opt/colloc/bin/colloc-prolog "$@"``, or
-    ``exec /usr/bin/nice -n -5 /opt/colloc/bin/colloc-prolog "$@"`` as the devcluster
-    writes) is followed once.
+    ``exec /usr/bin/nice -n -5 /opt/colloc/bin/colloc-prolog "$@"``) and the C client of
+    the node's script server (``script_client.c``: its compiled-in Python script) are
+    followed: a shell wrapper once, a C client after at most one wrapper (the
+    devcluster's wrapper execs a C client).
     """
     try:
         with path.open("rb") as fh:
-            head = fh.read(4096).decode("utf-8", errors="replace")
+            raw = fh.read(4096)
+            if raw.startswith(b"\x7fELF"):
+                raw += fh.read(1 << 20)
     except OSError as e:
         return None, f"{path}: {e.strerror}"
+    if raw.startswith(b"\x7fELF"):
+        found = re.search(rb"colloc-script-client fallback=(/[^\0\s]+)", raw)
+        if found and depth < 2:
+            return script_version(Path(os.fsdecode(found.group(1))), run, depth + 1)
+        return None, f"{path}: not a console script of slurm-colloc"
+    head = raw.decode("utf-8", errors="replace")
     first = head.splitlines()[0] if head else ""
     words = first[2:].split() if first.startswith("#!") else []
     if words and "python" in Path(words[-1] if words[0].endswith("/env") else words[0]).name:

@@ -20,6 +20,7 @@ import configparser
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,14 @@ def test_the_labs_launchers_run_the_simulation(tmp_path: Path) -> None:
     assert set(made) == set(tools.TOOLS)
     for name, path in made.items():
         assert path.stat().st_mode & 0o777 == 0o755
-        assert path.read_text().startswith(f"#!{sys.executable}\n")
+        head = path.read_bytes()[:4096]
+        if name in tools.CLIENT_MODULES and head.startswith(b"\x7fELF"):
+            # the C client with the Python stand-in appended (tools.c_launcher)
+            assert zipfile.ZipFile(path).read("__main__.py").decode().endswith(
+                f"from {tools.TOOLS[name]} import main\n\nsys.exit(main())\n")
+        else:
+            assert head.startswith((f"#!{sys.executable}\n".encode(),
+                                    f"#!{sys.executable} -S\n".encode()))
         cp = subprocess.run([str(path), "--help"], capture_output=True, text=True,
                             cwd=tmp_path, timeout=60, check=False)
         # each its module's own usage (v3 mimics NVIDIA's program, name and all)
@@ -171,6 +179,23 @@ def test_the_labs_launchers_run_the_simulation(tmp_path: Path) -> None:
                                                            else "Usage"), (name, cp.stderr)
     again = tools.write_launchers(tmp_path / "lab-bin")
     assert again == made and not list((tmp_path / "lab-bin").glob(".*"))
+
+
+def test_the_stand_in_mps_client_needs_no_site_and_speaks_the_protocol() -> None:
+    """Issue 28: the stand-in's client mode runs in an interpreter without ``site``, so
+    it must import the standard library only, and its copies of the wire constants must
+    be :mod:`~slurm_colloc.gpu.sim.mps_protocol`'s."""
+    from slurm_colloc.gpu.sim import mps_protocol, mps_ui
+
+    assert (mps_ui.SOCKET_NAME, mps_ui.DEFAULT_PIPE_DIR, mps_ui.PIPE_ENV, mps_ui.END) == (
+        mps_protocol.SOCKET_NAME, mps_protocol.DEFAULT_PIPE_DIR, mps_protocol.PIPE_ENV,
+        mps_protocol.END)
+    code = ("import sys; before = set(sys.modules); "
+            f"exec(compile(open({mps_ui.__file__!r}).read(), 'mps_ui', 'exec'), {{}}); "
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith('slurm')))")
+    cp = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                        timeout=60, check=True, cwd="/")
+    assert cp.stdout.strip() == "[]"
 
 
 def _console(name: str, *args: str) -> subprocess.CompletedProcess[str]:

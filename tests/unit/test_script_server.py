@@ -168,7 +168,7 @@ def _fake_server(run_dir: Path, env: dict[str, str], handle) -> Iterator[list[by
             data, fds = server._receive(conn)  # the whole request, as a worker reads it
             for fd in fds:
                 os.close(fd)
-            assert json.loads(data)["script"] == "prolog"
+            assert client.decode_request(data)[0][0] == "prolog"
             handle(conn, got)
 
     t = threading.Thread(target=serve, daemon=True)
@@ -185,7 +185,7 @@ def test_a_worker_that_never_takes_the_request_is_never_told_to_go(tmp_path, run
         conn.settimeout(5)
         time.sleep(1.0)
         try:
-            conn.sendall(b'{"taken": true}\n')  # too late: the client has given up
+            conn.sendall(b"taken\n")  # too late: the client has given up
             got.append(conn.recv(10))
         except OSError:
             got.append(b"")
@@ -201,7 +201,7 @@ def test_a_worker_that_dies_after_go_leaves_the_run_to_the_client(tmp_path, run_
     env = _env(_conf(tmp_path))
 
     def dies(conn: socket.socket, got: list[bytes]) -> None:
-        conn.sendall(b'{"taken": true}\n')
+        conn.sendall(b"taken\n")
         got.append(conn.recv(3))
 
     got: list[bytes] = []
@@ -215,7 +215,7 @@ def test_a_declined_request_is_run_here_with_the_reason(tmp_path, run_dir) -> No
     env = _env(_conf(tmp_path))
 
     def declines(conn: socket.socket, got: list[bytes]) -> None:
-        conn.sendall(b'{"declined": "colloc\'s code changed since the server started"}\n')
+        conn.sendall(b"declined colloc's code changed since the server started\n")
 
     for _ in _fake_server(run_dir, env, declines):
         out = client.call("prolog", env, run_dir=run_dir)
@@ -223,26 +223,33 @@ def test_a_declined_request_is_run_here_with_the_reason(tmp_path, run_dir) -> No
 
 
 def _request(base: dict[str, str], **over: object) -> bytes:
-    req: dict[str, object] = {"script": "prolog", "env": base, "started": 12.5, "cpu": 0.03,
-                              "stdio": [0, 1, 2]}
-    req.update(over)
-    return json.dumps(req).encode()
+    """A request body as the clients write it, with fields replaced (``env``: raw
+    ``NAME=VALUE`` entries when a list)."""
+    f: dict[str, object] = {"magic": client.MAGIC.decode(), "script": "prolog",
+                            "started": "12.5", "cpu": "0.03", "stdio": "0,1,2", "env": base}
+    f.update(over)
+    env = f["env"]
+    entries = env if isinstance(env, list) else [f"{k}={v}" for k, v in env.items()]  # type: ignore[union-attr]
+    fields = [f["magic"], f["script"], f["started"], f["cpu"], f["stdio"], *entries]
+    return b"".join(str(x).encode() + b"\0" for x in fields)
 
 
 @pytest.mark.parametrize(("over", "why"), [
     ({"script": "task_prolog"}, "unknown script"),
-    ({"script": None}, "unknown script"),
-    ({"env": ["x"]}, "map of strings"),
-    ({"env": {"A": 1}}, "map of strings"),
-    ({"env": {"A=B": "x"}}, "map of strings"),
-    ({"env": {"A": "x\x00y"}}, "map of strings"),
-    ({"env": {f"V{i}": "x" for i in range(server.MAX_ENV + 1)}}, "map of strings"),
+    ({"script": ""}, "unknown script"),
+    ({"magic": "colloc-script/1"}, "not a request"),
+    ({"env": ["A"]}, "not a request"),
+    ({"env": ["=x"]}, "not a request"),
+    ({"env": ["A=1", "A=2"]}, "not a request"),
+    ({"env": {f"V{i}": "x" for i in range(server.MAX_ENV + 1)}}, "too many variables"),
     ({"started": "now"}, "bad started"),
-    ({"cpu": -1}, "bad cpu"),
-    ({"cpu": True}, "bad cpu"),
-    ({"stdio": [0, 1, 2, 3]}, "bad stdio"),
-    ({"stdio": [5]}, "bad stdio"),
-    ({"stdio": [1, 1]}, "bad stdio"),
+    ({"cpu": "-1"}, "bad cpu"),
+    ({"cpu": "nan"}, "bad cpu"),
+    ({"cpu": "1e12"}, "bad cpu"),
+    ({"stdio": "0,1,2,3"}, "bad stdio"),
+    ({"stdio": "5"}, "bad stdio"),
+    ({"stdio": "1,1"}, "bad stdio"),
+    ({"stdio": "x"}, "bad stdio"),
 ])
 def test_a_malformed_request_is_declined(tmp_path, over, why) -> None:
     env = _env(_conf(tmp_path))
@@ -256,8 +263,27 @@ def test_a_request_for_another_config_or_node_is_declined(tmp_path) -> None:
     assert server.parse_request(_request(env), key)["script"] == "prolog"
     with pytest.raises(server.Declined, match=r"another colloc\.conf or node"):
         server.parse_request(_request({**env, "SLURMD_NODENAME": "n2"}), key)
-    with pytest.raises(server.Declined, match="not JSON"):
+    with pytest.raises(server.Declined, match="not a request"):
         server.parse_request(b"\xff{", key)
+
+
+def test_a_request_round_trips_what_os_environ_holds() -> None:
+    """Names and values go as bytes and come back as ``os.environ`` decodes them: a
+    value that is not UTF-8 (slurmd passes job names as bytes) survives unchanged."""
+    odd = os.fsdecode(b"caf\xe9 \n=x")
+    env = {"COLLOC_CONF": "/c", "SLURMD_NODENAME": "n1", "SLURM_JOB_NAME": odd, "EMPTY": ""}
+    body = client.encode_request("epilog", env, None, 0.25, [1, 2])
+    assert client.decode_request(body) == (["epilog", "", "0.25", "1,2"], env)
+    req = server.parse_request(body, client.server_key(env))
+    assert (req["started"], req["cpu"], req["stdio"], req["env"]) == (None, 0.25, [1, 2], env)
+
+
+def test_the_server_key_is_fnv1a_of_config_and_node() -> None:
+    """The C client computes the same name (``script_client.c``): FNV-1a 64 over
+    ``COLLOC_CONF``, NUL, ``SLURMD_NODENAME``; a known vector pins it."""
+    assert client.server_key({}) == "af63bd4c8601b7df"  # FNV-1a 64 of one NUL byte
+    assert client.server_key({"COLLOC_CONF": "/c", "SLURMD_NODENAME": "n1"}) != \
+        client.server_key({"COLLOC_CONF": "/c", "SLURMD_NODENAME": "n2"})
 
 
 def test_a_peer_that_is_not_root_is_dropped_unread(monkeypatch, caplog) -> None:
@@ -363,10 +389,9 @@ def test_a_killed_server_is_seen_gone_while_its_workers_still_run(tmp_path, run_
     p = _start_server(run_dir, env)
     busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     busy.connect(str(client.socket_path(env, run_dir)))
-    body = json.dumps({"script": "prolog", "env": env, "started": None, "cpu": 0.0,
-                       "stdio": []}).encode()
+    body = client.encode_request("prolog", env, None, 0.0, [])
     busy.sendall(client._HEADER.pack(len(body)) + body)
-    assert json.loads(busy.recv(100)) == {"taken": True}  # a worker waits for our "go"
+    assert busy.recv(100) == b"taken\n"  # a worker waits for our "go"
     p.kill()
     p.wait(timeout=10)
     t0 = time.monotonic()

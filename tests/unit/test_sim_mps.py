@@ -326,3 +326,30 @@ def test_daemon_hands_its_visible_devices_to_clients(tmp_path, visible):
         assert f"CUDA_VISIBLE_DEVICES={shown}" in (tmp_path / "log" / "control.log").read_text()
     finally:
         control(env, stdin="quit\n")
+
+
+def test_the_c_client_answers_as_the_python_client_does(daemon):
+    """The lab's launcher is a C client where a compiler exists (issue 28: ~1 ms a run,
+    as NVIDIA's; ``gpu/sim/mps_ui.c``); it must print what ``mps_ui.py`` prints for the
+    same commands, errors included, and its daemon mode must still be the stand-in."""
+    from slurm_colloc.gpu.sim import tools
+
+    launcher = tools.tool("colloc-sim-mps-control")
+    if not launcher.read_bytes().startswith(b"\x7fELF"):
+        pytest.skip("no C compiler: the lab uses the Python launcher")
+    commands = ("get_server_list\n\n  set_default_device_pinned_mem_limit 0 2G  \n"
+                "get_default_device_pinned_mem_limit 0\nno_such_command 1\n"
+                "set_default_active_thread_percentage 50\n"
+                "get_default_active_thread_percentage\nget_server_list\n")
+    py = control(daemon, stdin=commands)
+    c = subprocess.run([str(launcher)], input=commands, env=daemon, capture_output=True,
+                       text=True, timeout=20)
+    assert (c.returncode, c.stdout, c.stderr) == (py.returncode, py.stdout, py.stderr)
+    assert "2G" in c.stdout or "2048" in c.stdout
+    gone = {**daemon, "CUDA_MPS_PIPE_DIRECTORY": daemon["CUDA_MPS_PIPE_DIRECTORY"] + "-x"}
+    c = subprocess.run([str(launcher)], input="get_server_list\n", env=gone,
+                       capture_output=True, text=True, timeout=20)
+    assert c.returncode == 1 and "Cannot find MPS control daemon process" in c.stderr
+    # with arguments it is the Python stand-in, appended to it as a zip
+    h = subprocess.run([str(launcher), "--help"], capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0 and h.stdout.startswith("usage: colloc-sim-mps-control")
