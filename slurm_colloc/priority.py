@@ -24,8 +24,12 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-HOLDER_NICE = -10
-"""The nice value of a lock holder that other prologs wait for (Slurm's daemons run at 0)."""
+HOLDER_NICE = -15
+"""The nice value of a lock holder that other prologs wait for (Slurm's daemons run at 0).
+Under a burst up to ~10 prologs per GPU wait on one holder (the one starting the GPU's
+MPS daemon) while ~30 others run at :data:`SCRIPT_NICE`: at -10 the holder's share of
+the CPUs was 3x a waiter's and a daemon start of ~0.12 s of CPU took 1-2 s on the
+lab's two cores; -15 gives it ~9x (issue 28)."""
 
 
 _base: list[int] = []
@@ -61,6 +65,12 @@ SCRIPT_NICE = -5
 """A whole Prolog/Epilog run (:func:`slurm_colloc.node.scripts.run_here`): its job cannot
 start, or its node's next job cannot be placed, until it ends, while the jobs already
 running lose a few hundredths of a second; lock holders still go ahead of it."""
+
+
+SERVER_NICE = -10
+"""The node's script server (:mod:`slurm_colloc.node.script_server`): it only accepts and
+forks, and every served script's start waits for that, so it runs ahead of the scripts
+it serves; each worker drops to :data:`SCRIPT_NICE` as soon as it is forked."""
 
 
 def raise_process(nice: int = SCRIPT_NICE) -> bool:

@@ -208,6 +208,8 @@ def _child(conn: socket.socket, listener: socket.socket, lock: int | None, key: 
             os.close(lock)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        if os.getpriority(os.PRIO_PROCESS, 0) < priority.SCRIPT_NICE:
+            os.setpriority(os.PRIO_PROCESS, 0, priority.SCRIPT_NICE)  # a script, as served
         status = worker(conn, key, stamp)
     except BaseException:  # noqa: BLE001 - the client sees no status and runs it itself
         status = 1
@@ -321,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     slog = node_logger("script-server", "-", cfg.log_file)
     # it only accepts and forks, but every script waits for that: on a node's busy
     # cores a server at nice 0 handed out a burst's workers seconds late (issue 28);
-    # workers inherit it, and what they start long-lived gets nice 0 back (priority.py)
-    priority.raise_process()
+    # workers drop to the scripts' nice, and what they start long-lived gets nice 0
+    # back (priority.py)
+    priority.raise_process(priority.SERVER_NICE)
     from slurm_colloc.gpu.select import BACKEND_MODULES
 
     for name in (*PRELOAD, *BACKEND_MODULES.get(cfg.gpu_backend, ())):

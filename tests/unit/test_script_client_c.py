@@ -277,3 +277,34 @@ def test_doctor_follows_the_client_to_its_python_script(tmp_path, run_dir) -> No
     wrapper.write_text(f'#!/bin/sh\nexport COLLOC_CONF=/x\nexec {prog} "$@"\n')
     version, how = doctor.script_version(wrapper)
     assert version == doctor.__version__ and str(console) in how
+
+
+def test_admin_node_clients_builds_both_and_prints_the_slurm_conf_lines(tmp_path) -> None:
+    """``colloc admin node-clients``: the two clients, each falling back to this
+    installation's console script, and the lines slurm.conf needs."""
+    from click.testing import CliRunner
+
+    from slurm_colloc.cli import main as cli
+    from slurm_colloc.site.install import node_script_paths
+
+    r = CliRunner().invoke(cli, ["admin", "node-clients", "--dest", str(tmp_path / "lib")])
+    assert r.exit_code == 0, r.output
+    for key, name in (("Prolog", "colloc-prolog"), ("Epilog", "colloc-epilog")):
+        built = tmp_path / "lib" / f"{name}-client"
+        assert f"{key}={built}" in r.output
+        assert built.stat().st_mode & 0o777 == 0o755
+        assert f"fallback={node_script_paths()[key]}".encode() in built.read_bytes()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    r = CliRunner().invoke(cli, ["admin", "node-clients", "--dest", str(blocked / "lib")])
+    assert r.exit_code != 0 and "Error" in r.output
+
+
+def test_doctor_names_a_client_of_an_older_wire(tmp_path) -> None:
+    """After an upgrade that changes the wire, an old client is served by nobody (each
+    run falls back): doctor says to rebuild it."""
+    old = tmp_path / "colloc-prolog-client"
+    old.write_bytes(b"\x7fELF" + b"\0" * 64 + b"colloc-script/1\0"
+                    b"colloc-script-client fallback=/opt/colloc/bin/colloc-prolog\0")
+    version, how = doctor.script_version(old)
+    assert version is None and "colloc admin node-clients" in how

@@ -488,3 +488,33 @@ def test_the_servers_directory_is_no_parent_of_what_jobs_must_reach(monkeypatch)
     for path in (defaults.mps_root, defaults.metrics_dir, defaults.evidence_dir):
         assert not Path(path).is_relative_to(client.RUN_DIR), path
     assert client.RUN_DIR.parent == Path("/run")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root (CI runs as root)")
+def test_the_server_runs_ahead_of_its_workers_which_run_as_scripts(tmp_path, run_dir) -> None:
+    """Every served script's start waits for the server's accept and fork, so the server
+    runs at SERVER_NICE; a worker is a script and drops to SCRIPT_NICE at once."""
+    from slurm_colloc import priority
+
+    env = _env(_conf(tmp_path))
+    p = _start_server(run_dir, env)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, p.pid) == priority.SERVER_NICE
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        idle.connect(str(client.socket_path(env, run_dir)))  # its worker waits for a request
+        children: list[int] = []
+        deadline = time.monotonic() + 10
+        while not children and time.monotonic() < deadline:
+            text = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text()
+            children = [int(c) for c in text.split()]
+            time.sleep(0.02)
+        assert children, "no worker was forked"
+        nice = None
+        while time.monotonic() < deadline and nice != priority.SCRIPT_NICE:
+            nice = os.getpriority(os.PRIO_PROCESS, children[0])  # set just after the fork
+            time.sleep(0.02)
+        assert nice == priority.SCRIPT_NICE
+        idle.close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
