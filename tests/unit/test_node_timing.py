@@ -54,12 +54,13 @@ def test_the_suffix_names_what_the_script_waited_for(tmp_path) -> None:  # type:
     fcntl.flock(holder, fcntl.LOCK_EX)
     threading.Timer(0.3, os.close, (holder,)).start()
     watch = timing.Stopwatch()
-    with tenancy.locked(0):  # waits ~0.3 s for the holder
-        pass
+    with tenancy.locked(0):  # waits ~0.3 s for the holder, then holds it ~0.1 s
+        time.sleep(0.1)
     with waits.timed("squeue"):
         time.sleep(0.01)  # too short to be shown
     line = f"job 7: shared gpu=0 {watch.suffix()}"
     assert "; gpu lock 0." in line and "squeue" not in line
+    assert ", gpu held 0.1" in line  # what this holder cost the GPU's other prologs
     got = timing.parse_timing(line)
     assert got is not None and got[0] >= 0.25
     assert timing.Stopwatch().suffix().endswith(" s]")  # a fresh watch: no waits shown
