@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,12 @@ def no_node_script_server(tmp_path_factory: pytest.TempPathFactory,
     if os.getpriority(os.PRIO_PROCESS, 0) != nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     priority._base[:] = base
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A script-server run directory as root keeps one (0700) for a test's own server
+    (tests/unit/test_script_server.py, test_script_client_c.py)."""
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    return d

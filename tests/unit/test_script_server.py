@@ -46,13 +46,6 @@ def _env(conf: Path, job: int = 7) -> dict[str, str]:
             "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice", "PATH": "/usr/bin:/bin"}
 
 
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "run"
-    d.mkdir(mode=0o700)
-    return d
-
-
 def _start_server(run_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     p = subprocess.Popen([sys.executable, "-I", "-m", script_start.MODULE, "--run-dir", str(run_dir)],
                          env=env, cwd="/")
@@ -155,8 +148,11 @@ def test_a_server_being_started_is_waited_for_then_given_up(tmp_path, run_dir) -
     assert time.monotonic() - t0 < 1  # no lock held: nothing to wait for
 
 
-def _fake_server(run_dir: Path, env: dict[str, str], handle) -> Iterator[list[bytes]]:
-    """A socket at the server's path whose one connection ``handle`` answers."""
+def _fake_server(run_dir: Path, env: dict[str, str], handle,
+                 seen: list[str] | None = None) -> Iterator[list[bytes]]:
+    """A socket at the server's path whose one connection ``handle`` answers, after
+    reading and checking the request as a worker does; ``seen`` gets ``"<script>
+    <descriptors> <stdio>"`` of it."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(client.socket_path(env, run_dir)))
     s.listen(1)
@@ -168,7 +164,9 @@ def _fake_server(run_dir: Path, env: dict[str, str], handle) -> Iterator[list[by
             data, fds = server._receive(conn)  # the whole request, as a worker reads it
             for fd in fds:
                 os.close(fd)
-            assert client.decode_request(data)[0][0] == "prolog"
+            req = server.parse_request(data, client.server_key(env))
+            if seen is not None:
+                seen.append(f"{req['script']} {len(fds)} {req['stdio']}")
             handle(conn, got)
 
     t = threading.Thread(target=serve, daemon=True)
