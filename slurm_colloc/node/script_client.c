@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +120,10 @@ static int connect_to(const char *path)
 	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		return -1;
+	/* a stuck server's full backlog, or one not reading a request, must end in the
+	   fallback, never a hang: connect and sends time out (the status wait does not) */
+	struct timeval tv = {.tv_sec = ACK_WAIT_MS / 1000};
+	setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	if (connect(s, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
 		close(s);
 		return -1;
@@ -132,7 +137,13 @@ static int reach(const char *sock, const char *lock)
 	int s = connect_to(sock);
 	if (s >= 0 || !starting(lock))
 		return s;
-	for (int waited = 0; waited < START_WAIT_MS; waited += POLL_MS) {
+	struct timespec t0, now;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >=
+		    START_WAIT_MS)
+			break;
 		usleep(POLL_MS * 1000);
 		s = connect_to(sock);
 		if (s >= 0)
@@ -185,7 +196,7 @@ struct buf {
 
 static int put(struct buf *b, const char *s, size_t n)
 {
-	if (b->len + n + 1 > MAX_REQUEST + 1)
+	if (b->len + n + 1 > MAX_REQUEST)
 		return -1;
 	if (b->len + n + 1 > b->cap) {
 		size_t cap = b->cap ? b->cap : 16384;
@@ -223,7 +234,7 @@ static int send_all(int s, const char *p, size_t n)
 static int read_line(int s, char *line, size_t size, int timeout_ms)
 {
 	size_t n = 0;
-	while (n + 1 < size) {
+	for (;;) {
 		if (timeout_ms >= 0) {
 			struct pollfd p = {.fd = s, .events = POLLIN};
 			int r = poll(&p, 1, timeout_ms);
@@ -242,9 +253,9 @@ static int read_line(int s, char *line, size_t size, int timeout_ms)
 			line[n] = 0;
 			return 0;
 		}
-		line[n++] = c;
+		if (n + 1 < size) /* a longer line is kept cut, as the Python client's is */
+			line[n++] = c;
 	}
-	return -1;
 }
 
 /* The run offered to the server: NULL and *status when served, else why not. */
@@ -358,6 +369,7 @@ int main(void)
 		return status;
 	char *const argv[] = {COLLOC_FALLBACK, "--not-served", (char *)why, NULL};
 	execv(COLLOC_FALLBACK, argv);
+	signal(SIGPIPE, SIG_IGN); /* a closed stderr must not turn exit 0 into a signal */
 	fprintf(stderr, "colloc: %s client: cannot run %s: %s\n", COLLOC_SCRIPT, COLLOC_FALLBACK,
 		strerror(errno));
 	return 0; /* never drain the node */

@@ -186,6 +186,7 @@ def _fill_stdio() -> None:
 
 def _connect(path: Path) -> socket.socket | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    s.settimeout(ACK_WAIT_S)  # a stuck server's full backlog ends in running it here
     try:
         s.connect(str(path))
     except OSError:
@@ -259,9 +260,9 @@ def call(script: str, env: Mapping[str, str], started: float | None = None, *,
             body = encode_request(script, env, started, _cpu(), numbers)
             if len(body) > MAX_REQUEST:
                 return Outcome(None, f"request of {len(body)} bytes is too large")
+            s.settimeout(ack_wait_s)  # sends too: a server that does not read
             socket.send_fds(s, [_HEADER.pack(len(body))], fds)
             s.sendall(body)
-            s.settimeout(ack_wait_s)
             kind, why = _read_reply(s)
             if kind != "taken":
                 return Outcome(None, why if kind == "declined" and why

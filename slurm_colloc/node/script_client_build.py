@@ -31,7 +31,8 @@ class BuildError(RuntimeError):
 
 
 def _c_string(value: str) -> str:
-    if any(c in value for c in '"\\\n\r\0') or not value.isprintable():
+    if any(c in value for c in '"\\\n\r\0') or not value.isprintable() or \
+            any(c.isspace() for c in value):
         raise BuildError(f"{value!r}: cannot be compiled into the client")
     return f'"{value}"'
 
@@ -55,6 +56,8 @@ def build(dest: Path, script: str, fallback: Path, *, run_dir: Path | None = Non
                f"-DCOLLOC_FALLBACK={_c_string(str(fallback))}", f"-DCOLLOC_NICE=({SCRIPT_NICE})"]
     if run_dir is not None:
         defines.append(f"-DCOLLOC_RUN_DIR={_c_string(str(run_dir))}")
+    if not os.access(fallback, os.X_OK):  # a client that cannot fall back runs nothing
+        raise BuildError(f"{fallback}: not an executable (install slurm-colloc first)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="colloc-client-") as tmp:
         src = Path(tmp) / "script_client.c"

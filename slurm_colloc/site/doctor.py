@@ -772,7 +772,7 @@ def script_version(path: Path, run: Runner = _run, depth: int = 0) -> tuple[str 
         from slurm_colloc.node.script_client import MAGIC
 
         if found and MAGIC not in raw:
-            return None, (f"{path}: a C client of an older wire than this version's "
+            return None, (f"{path}: a C client of another wire than this version's "
                           f"({MAGIC.decode()}); rebuild it with `colloc admin node-clients`")
         if found and depth < 2:
             return script_version(Path(os.fsdecode(found.group(1))), run, depth + 1)

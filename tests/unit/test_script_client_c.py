@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_colloc.node import script_client as client
 from slurm_colloc.node.script_client_build import BuildError, build
 from slurm_colloc.site import doctor
 from tests.unit.test_script_server import _conf, _fake_server, _start_server
@@ -178,7 +179,13 @@ def test_the_workers_status_is_the_clients(tmp_path, run_dir, recorder) -> None:
 
 
 def test_a_missing_python_script_still_exits_0(tmp_path, run_dir) -> None:
-    prog = _client(tmp_path, run_dir, tmp_path / "gone" / "colloc-prolog")
+    """Removed after the build (an uninstalled venv): the client still never drains."""
+    gone = tmp_path / "gone" / "colloc-prolog"
+    gone.parent.mkdir()
+    gone.write_text("#!/bin/sh\n")
+    gone.chmod(0o755)
+    prog = _client(tmp_path, run_dir, gone)
+    gone.unlink()
     p = _run(prog, _env(_conf(tmp_path)))
     assert p.returncode == 0
     assert "cannot run" in p.stderr and "gone/colloc-prolog" in p.stderr
@@ -208,6 +215,10 @@ def test_paths_c_cannot_hold_are_refused(tmp_path, run_dir) -> None:
         build(tmp_path / "c", "task_prolog", Path("/bin/true"))
     with pytest.raises(BuildError, match="absolute"):
         build(tmp_path / "c", "prolog", Path("colloc-prolog"))
+    with pytest.raises(BuildError, match="cannot be compiled"):  # doctor reads up to a space
+        build(tmp_path / "c", "prolog", Path("/opt/my colloc/colloc-prolog"))
+    with pytest.raises(BuildError, match="not an executable"):  # it could never fall back
+        build(tmp_path / "c", "prolog", tmp_path / "no-such-script")
 
 
 def test_doctor_follows_the_client_to_its_python_script(tmp_path, run_dir) -> None:
@@ -215,6 +226,7 @@ def test_doctor_follows_the_client_to_its_python_script(tmp_path, run_dir) -> No
     devcluster's shell wrapper, the C client, to the console script."""
     console = tmp_path / "colloc-prolog"
     console.write_text(f"#!{sys.executable}\nimport sys\n")
+    console.chmod(0o755)
     prog = _client(tmp_path, run_dir, console)
     wrapper = tmp_path / "wrapper"
     wrapper.write_text(f'#!/bin/sh\nexport COLLOC_CONF=/x\nexec {prog} "$@"\n')
@@ -250,4 +262,34 @@ def test_doctor_names_a_client_of_an_older_wire(tmp_path) -> None:
     old.write_bytes(b"\x7fELF" + b"\0" * 64 + b"colloc-script/1\0"
                     b"colloc-script-client fallback=/opt/colloc/bin/colloc-prolog\0")
     version, how = doctor.script_version(old)
-    assert version is None and "colloc admin node-clients" in how
+    assert version is None and "another wire" in how and "colloc admin node-clients" in how
+
+
+def test_a_stuck_server_with_a_full_backlog_ends_in_the_fallback(tmp_path, run_dir,
+                                                                   recorder) -> None:
+    """A server that stopped accepting (stuck, or its backlog filled by clients that
+    gave up) must not hang slurmd's Prolog: the connect times out (5 s) and the script
+    runs itself. Found in review: the connect had no timeout."""
+    env = _env(_conf(tmp_path))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(client.socket_path(env, run_dir)))
+    listener.listen(0)
+    filler = []
+    while True:  # fill the backlog: the next blocking connect would wait for ever
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(str(client.socket_path(env, run_dir)))
+        except BlockingIOError:
+            s.close()
+            break
+        filler.append(s)
+    prog = _client(tmp_path, run_dir, recorder)
+    try:
+        p = _run(prog, env)
+    finally:
+        for s in filler:
+            s.close()
+        listener.close()
+    assert p.returncode == 0
+    assert _fallback_args(recorder)[0] == "--not-served absent"

@@ -80,7 +80,12 @@ int main(int argc, char **argv)
 	if (!dir || !*dir)
 		dir = "/tmp/nvidia-mps";
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
-	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/control", dir);
+	if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/control", dir) >=
+	    (int)sizeof(addr.sun_path)) {
+		fprintf(stderr, "Cannot find MPS control daemon process (cannot connect to MPS "
+			"control daemon at %s/control: path too long)\n", dir);
+		return 1;
+	}
 	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	struct timeval tv = {.tv_sec = TIMEOUT_S};
 	if (s >= 0) {

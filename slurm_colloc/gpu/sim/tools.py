@@ -19,6 +19,7 @@ import atexit
 import functools
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -86,9 +87,9 @@ def c_launcher(module: str, python: str) -> bytes | None:
     with tempfile.TemporaryDirectory(prefix="colloc-sim-ui-") as tmp:
         src, out = Path(tmp) / "mps_ui.c", Path(tmp) / "ui"
         src.write_text(source)
-        cp = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", f'-DPYTHON="{python}"',
-                             "-o", str(out), str(src)], capture_output=True, text=True,
-                            check=False)
+        cp = subprocess.run([*shlex.split(cc), "-O2", "-Wall", "-Wextra", "-Werror",
+                             f'-DPYTHON="{python}"', "-o", str(out), str(src)],
+                            capture_output=True, text=True, check=False)
         if cp.returncode != 0:
             raise RuntimeError(f"compiling the stand-in's client failed: {cp.stderr.strip()}")
         with zipfile.ZipFile(out, "a") as z:
