@@ -19,6 +19,7 @@ afterwards (also on error or Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -48,18 +49,28 @@ def _script(d: Path, name: str, body: str) -> Path:
     return path
 
 
-def _sbatch(c: Cluster, d: Path, script: Path, shards: int) -> int:
-    cp = subprocess.run(["sbatch", "--parsable", f"--chdir={d}", f"--output={d}/%j.out",
-                         f"--gres=shard:{shards}", str(script)], env=c.env(),
-                        capture_output=True, text=True, check=True)
+AS_OTHER_HOST = 'echo "$0" > /proc/self/autogroup 2>/dev/null || :; exec "$@"'
+"""``sh -c`` body: the command in a session of its own whose CPU group has the weight of
+nice ``$0`` (:func:`slurm_colloc.priority.raise_session`), then exec'd."""
+
+
+def _sbatch(c: Cluster, d: Path, script: Path, shards: int, nice: int = 0) -> int:
+    """Submit one job; ``nice`` != 0: as from a login node (``--submitter-nice``)."""
+    argv = ["sbatch", "--parsable", f"--chdir={d}", f"--output={d}/%j.out",
+            f"--gres=shard:{shards}", str(script)]
+    if nice:
+        argv = ["sh", "-c", AS_OTHER_HOST, str(nice), *argv]
+    cp = subprocess.run(argv, env=c.env(), capture_output=True, text=True, check=True,
+                        start_new_session=bool(nice))
     return int(cp.stdout.strip().split(";")[0])
 
 
-def submit(c: Cluster, n_jobs: int, n_oom: int,
-           submitters: int) -> tuple[list[int], list[int], float]:
+def submit(c: Cluster, n_jobs: int, n_oom: int, submitters: int,
+           nice: int = 0) -> tuple[list[int], list[int], float]:
     """The burst, ``submitters`` sbatch at a time; (all jobs, OOM jobs, seconds taken).
 
-    The OOM jobs are spread through the burst (every ``n_jobs // n_oom``-th)."""
+    The OOM jobs are spread through the burst (every ``n_jobs // n_oom``-th). ``nice``:
+    the submitters' CPU weight (``--submitter-nice``)."""
     d = c.layout.root / "jobs" / "prolog-burst"
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o1777)
@@ -68,7 +79,8 @@ def submit(c: Cluster, n_jobs: int, n_oom: int,
     is_oom = [bool(step) and i % step == 0 and i // step < n_oom for i in range(n_jobs)]
     t0 = time.monotonic()
     with ThreadPoolExecutor(submitters) as pool:
-        ids = list(pool.map(lambda o: _sbatch(c, d, oom if o else ok, 6 if o else 4), is_oom))
+        ids = list(pool.map(lambda o: _sbatch(c, d, oom if o else ok, 6 if o else 4, nice),
+                             is_oom))
     took = time.monotonic() - t0
     return ids, [j for j, o in zip(ids, is_oom, strict=True) if o], took
 
@@ -104,12 +116,13 @@ def _log_lines(path: Path, offset: int) -> list[str]:
         return f.read().splitlines()
 
 
-def run(c: Cluster, n_jobs: int, n_oom: int, submitters: int, timeout: float) -> dict[str, object]:
+def run(c: Cluster, n_jobs: int, n_oom: int, submitters: int, timeout: float,
+        submitter_nice: int = 0) -> dict[str, object]:
     slurm = SlurmCli(env=c.env())
     log = Path(cfgmod.load(c.layout.colloc_conf).log_file or "")
     offset = log.stat().st_size if log.is_file() else 0
     t0 = time.monotonic()
-    ids, oom, took = submit(c, n_jobs, n_oom, submitters)
+    ids, oom, took = submit(c, n_jobs, n_oom, submitters, submitter_nice)
     final = wait_done(slurm, ids, oom, timeout)
     done = time.monotonic() - t0
     time.sleep(3)  # the last epilogs' lines
@@ -148,7 +161,10 @@ def controller_nice(c: Cluster, nice: int) -> None:
     On a site these run on a controller host of their own; the one-node lab runs them
     on the same two cores as the burst's 30-odd starting jobs, so ``squeue`` from a
     prolog waits for a controller that the jobs starve. A negative value models the
-    dedicated host (the lab's stand-in, not a recommendation for sites)."""
+    dedicated host (the lab's stand-in, not a recommendation for sites). Where the
+    kernel shares the CPUs between sessions first (autogroup), each daemon is a session
+    of its own and a nice value counts only inside it: its session's group is weighted
+    too."""
     from slurm_colloc.devcluster.daemons import read_pid
 
     L = c.layout
@@ -158,6 +174,9 @@ def controller_nice(c: Cluster, nice: int) -> None:
             raise SystemExit(f"--controller-nice: no {pid_file}")
         for tid in os.listdir(f"/proc/{pid}/task"):
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        if os.getsid(pid) == pid:  # its session's CPU group is its own (priority.py)
+            with contextlib.suppress(OSError):  # a kernel without autogroup
+                Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
 def one_variant(a: argparse.Namespace, server: str) -> dict[str, object]:
@@ -173,13 +192,14 @@ def one_variant(a: argparse.Namespace, server: str) -> dict[str, object]:
             controller_nice(c, a.controller_nice)
         if a.warmup:
             warm_up(c, a.warmup)
-        out = run(c, a.jobs, a.oom, a.submitters, a.timeout)
+        out = run(c, a.jobs, a.oom, a.submitters, a.timeout, a.submitter_nice)
     finally:
         c.down(keep_logs=keep)
     out["variant"] = f"{a.variant} script server {server}".strip()
     out["script_server"] = server
     out["warmup_jobs"] = a.warmup
     out["controller_nice"] = a.controller_nice
+    out["submitter_nice"] = a.submitter_nice
     return out
 
 
@@ -210,6 +230,11 @@ def main() -> None:
     ap.add_argument("--controller-nice", type=int, default=0,
                     help="renice slurmctld, slurmdbd and MariaDB (a dedicated controller "
                          "host's CPU, modelled on the lab's shared cores; default 0: as is)")
+    ap.add_argument("--submitter-nice", type=int, default=-10,
+                    help="each sbatch in a session of its own at this CPU weight: the "
+                         "burst's submissions as from login nodes, which a busy compute "
+                         "node does not slow (issue 28's burst: 150 jobs within ~2.5 s); "
+                         "0: plain sbatch processes on the lab's shared cores")
     ap.add_argument("--keep-logs", default=None, help="copy the cluster's logs here at the end")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prolog-burst.md"),
                     help="the markdown result (empty: none)")

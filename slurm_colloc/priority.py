@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 HOLDER_NICE = -15
 """The nice value of a lock holder that other prologs wait for (Slurm's daemons run at 0).
@@ -108,3 +109,32 @@ def give_back(pid: int) -> None:
     if _base:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, pid, _base[0])
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+"""The kernel's per-session scheduling group of this process (``CONFIG_SCHED_AUTOGROUP``)."""
+
+
+def raise_session(nice: int = SERVER_NICE, autogroup: Path = AUTOGROUP) -> bool:
+    """Give this session's scheduling group the weight of ``nice`` (root, session leader only).
+
+    Why (issue 28): where the kernel groups tasks by session (``autogroup``, on by
+    default in Debian's kernels; it applies to tasks outside any CPU cgroup), CPU time
+    is shared between the groups first and a process's nice value only counts inside
+    its own. The script server is a session of its own (it is detached), so every
+    prolog and epilog it serves shared one group's share with each job, each Slurm
+    daemon and each MPS daemon: under a burst of 150 job starts on two cores, ~40
+    groups. The group must be its own: a detached process (double fork) is not its
+    session's leader, so it first starts a session (and group) of its own; one that
+    cannot (a process group leader, as a shell's foreground job) leaves its caller's
+    group alone. Returns whether the weight was set; where there is no such group (the
+    kernel has none, or the process sits in a CPU cgroup, where this file does
+    nothing), the same work runs at its own priority.
+    """
+    try:
+        if os.getsid(0) != os.getpid():
+            os.setsid()
+        autogroup.write_text(f"{nice}\n")
+    except OSError:
+        return False
+    return True

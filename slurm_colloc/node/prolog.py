@@ -267,44 +267,60 @@ def _v2_setup(
     ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, jobs: Mapping[int, SlurmJob] | None,
     taken: float | None, env: dict[str, str], gid: int, uuid: str, capacity: int = 0,
 ) -> None:
-    """MPS v2: the (GPU, user) daemon, started if needed, and the job registered on it.
+    """MPS v2: the job registered on its (GPU, user) daemon, started if needed.
 
-    ``capacity`` > 0: the GPU's shards, checked before anything is started (issue 28).
-    The GPU lock covers the registration only; the user's server cap is raised after
-    it, by a group commit (:mod:`slurm_colloc.node.user_cap`): under a burst one
-    commit serves every prolog registered before it (issue 28: prolog p99).
+    ``capacity`` > 0: the GPU's shards, checked before anything is registered (issue 28).
+    The GPU lock covers the registration only. The daemon's start and the user's server
+    cap come after it, under the (GPU, user) cap lock, by a group commit
+    (:mod:`slurm_colloc.node.user_cap`): under a burst the GPU's other prologs register
+    while the first one starts the daemon, and one start plus one commit serves them
+    all (issue 28: prolog p99; a start under the GPU lock queued the whole wave behind
+    it, then behind each other's registrations). The daemon cannot be stopped meanwhile:
+    the job's marker is written first, and only a user's last job stops its daemon.
     """
     gpu = ctx.gpus[0]
     with tenancy.locked(gpu):
         reap_stale(cfg, tenancy, gpu, jobs, keep=ctx.job_id, taken=taken)
         _check_promise(cfg, tenancy, ctx, gpu, capacity, jobs, taken)
-        daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, uuid)
-        if not daemon.running():
-            tenancy.prepare_user_dirs(gpu, ctx.uid)
-            daemon.start()
-            if cfg.active_thread_percentage:
-                daemon.set_defaults(None, cfg.active_thread_percentage)
-            tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
         tenancy.add_job(gpu, ctx.uid, ctx.job_id)
         tenancy.write_job_env(ctx.job_id, env, ctx.uid, gid)
         ticket = user_cap.register(tenancy, gpu, ctx.uid)
+    daemon = daemon_for(cfg, tenancy, gpu, ctx.uid, uuid)
     # server side: a client that drops its own limit (env -i, --cleanenv) gets its
     # user's total share of this GPU, not the whole GPU (docs/node.md); committed
     # after the GPU lock, one commit for every registration before it (issue 28)
-    _commit_cap(ctx, cfg, tenancy, daemon, ticket)
+    _commit_cap(ctx, cfg, tenancy, daemon, ticket, gid)
+
+
+def _ensure_daemon(ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, daemon: MpsDaemon,
+                   gid: int) -> None:
+    """Start the (GPU, user) daemon unless it runs; under the cap lock, the job registered.
+
+    A daemon that died with jobs registered is started afresh here too (its pipe
+    directory retired first), so a new job never gets a pipe directory nothing answers in.
+    """
+    gpu = ctx.gpus[0]
+    if daemon.running():
+        return
+    tenancy.prepare_user_dirs(gpu, ctx.uid)
+    daemon.start()
+    if cfg.active_thread_percentage:
+        daemon.set_defaults(None, cfg.active_thread_percentage)
+    tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
 
 
 def _commit_cap(ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, daemon: MpsDaemon,
-                ticket: int) -> None:
-    """The job's registration ``ticket`` covered by its user's server cap
-    (:mod:`slurm_colloc.node.user_cap`), or MPS taken back from the job: whatever
-    fails (the daemon refuses, the cap lock times out), the job never gets the pipe
-    directory under a cap that may not hold its own share."""
+                ticket: int, gid: int) -> None:
+    """The job's registration ``ticket`` covered by a running daemon and its user's
+    server cap (:mod:`slurm_colloc.node.user_cap`), or MPS taken back from the job:
+    whatever fails (the daemon does not start or refuses, the cap lock times out), the
+    job never gets the pipe directory under a cap that may not hold its own share."""
     gpu = ctx.gpus[0]
     try:
         user_cap.commit(tenancy, gpu, ctx.uid, ticket,
                         lambda: user_total_mib(cfg, tenancy, gpu, ctx.uid),
-                        lambda total: _cap_or_withdraw(ctx, tenancy, daemon, total))
+                        lambda total: _cap_or_withdraw(ctx, tenancy, daemon, total),
+                        ensure=lambda: _ensure_daemon(ctx, cfg, tenancy, daemon, gid))
     except Exception:
         _withdraw(tenancy, ctx.job_id)
         raise

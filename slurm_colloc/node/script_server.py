@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     # workers drop to the scripts' nice, and what they start long-lived gets nice 0
     # back (priority.py)
     priority.raise_process(priority.SERVER_NICE)
+    # ...and its session's group, which the kernel may share the CPUs by before any
+    # nice value counts: its workers are every script the node runs (priority.py)
+    priority.raise_session(priority.SERVER_NICE)
     from slurm_colloc.gpu.select import BACKEND_MODULES
 
     for name in (*PRELOAD, *BACKEND_MODULES.get(cfg.gpu_backend, ())):

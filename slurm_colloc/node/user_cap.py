@@ -14,15 +14,17 @@ How it stays correct, with two root-owned counters under ``gpu<i>/uid<u>/``:
 * :func:`register` (under the GPU lock, after the job's marker and root's copy of
   its limits are written) bumps ``cap.want`` and returns the job's ticket ``k``.
 * :func:`commit` (under ``cap.lock``, never under the GPU lock): if ``cap.done`` >= k
-  the cap already covers the job; else it reads ``want`` = N, then sums the user's
-  registered limits (every registration up to N is on disk: its files were written
-  before its bump), applies the sum and writes ``done`` = N.
+  the cap already covers the job; else it starts the user's daemon if it does not run
+  (the first job of a wave: the others register meanwhile), reads ``want`` = N, then
+  sums the user's registered limits (every registration up to N is on disk: its files
+  were written before its bump), applies the sum and writes ``done`` = N.
 
 The committer runs at a raised priority while it holds the cap lock
 (:mod:`slurm_colloc.priority`): the waiters' wall time is its wall time.
 
 The job returns only once a commit covering it succeeded, so it never starts with a
-cap below its co-tenants' and its own share (issue 24's OOM inside a reservation).
+cap below its co-tenants' and its own share (issue 24's OOM inside a reservation), nor
+without a daemon (a commit covering it made the daemon run after the job registered).
 The daemon cannot be stopped while the job is registered (the user's last job stops
 it), so the commit talks to the job's own daemon. A failed commit withdraws only the
 committer's own job (:func:`slurm_colloc.node.prolog._cap_or_withdraw`); the
@@ -48,15 +50,21 @@ def register(tenancy: Tenancy, gpu: int, uid: int) -> int:
 
 
 def commit(tenancy: Tenancy, gpu: int, uid: int, ticket: int,
-           total_mib: Callable[[], int], apply: Callable[[int], None]) -> bool:
+           total_mib: Callable[[], int], apply: Callable[[int], None],
+           ensure: Callable[[], None] | None = None) -> bool:
     """Make the server cap cover registration ``ticket``; True when this call sent it.
 
     ``total_mib``: the user's registered limits summed now; ``apply``: sends the cap
-    (raises on failure: ``done`` is then left as it was). Not under the GPU lock.
+    (raises on failure: ``done`` is then left as it was); ``ensure``: makes the user's
+    daemon run (started here, under the cap lock, for the first job of a wave: the
+    wave's other jobs register meanwhile and this one commit covers them). Not under
+    the GPU lock.
     """
     with tenancy.cap_locked(gpu, uid):
         if tenancy.read_counter(gpu, uid, "done") >= ticket:
-            return False  # an earlier commit covered this registration
+            return False  # an earlier commit (after this registration) covered it
+        if ensure is not None:
+            ensure()
         wanted = max(tenancy.read_counter(gpu, uid, "want"), ticket)
         apply(total_mib())  # at the lock holder's raised priority (slurm_colloc.priority)
         tenancy.write_counter(gpu, uid, "done", wanted)

@@ -435,6 +435,61 @@ def test_a_script_raises_itself_once_and_its_long_lived_children_get_nice_0() ->
     assert os.waitpid(pid, 0)[1] == 0
 
 
+def _in_child(fn) -> str:  # type: ignore[no-untyped-def]
+    """``fn()``'s string, computed in a forked child (a session change stays there)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.write(w, str(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_the_server_weights_its_own_session_group_and_no_one_elses(tmp_path) -> None:
+    """Issue 28: where the kernel shares the CPUs between sessions first (autogroup),
+    the served scripts' nice values counted only inside the server's one group, which
+    got one share among a burst's ~40 (each job, daemon, ...). The server's group gets
+    SERVER_NICE's weight; a detached server (not its session's leader) first starts a
+    session of its own; a process group leader (a shell's foreground job) cannot, and
+    its caller's group is left alone."""
+    from slurm_colloc import priority
+
+    fake = tmp_path / "autogroup"
+
+    def detached() -> str:
+        done = priority.raise_session(-10, fake)
+        return f"{done} {os.getsid(0) == os.getpid()} {fake.read_text().strip()}"
+
+    assert _in_child(detached) == "True True -10"
+    fake.unlink()
+
+    def group_leader() -> str:
+        os.setpgid(0, 0)  # its own process group, in the caller's session
+        return f"{priority.raise_session(-10, fake)} {fake.exists()}"
+
+    assert _in_child(group_leader) == "False False"
+
+    real = Path("/proc/self/autogroup")
+
+    def on_this_kernel() -> str:
+        done = priority.raise_session(priority.SERVER_NICE)
+        return f"{done} {real.read_text().split()[-1] if real.exists() else '-'}"
+
+    if not real.exists():  # a kernel without autogroup: nothing to weight, said so
+        assert _in_child(on_this_kernel) == "False -"
+    elif os.geteuid() == 0:
+        assert _in_child(on_this_kernel) == f"True {priority.SERVER_NICE}"
+    else:  # a negative nice needs root: refused, the same work at its own weight
+        assert _in_child(on_this_kernel).startswith("False")
+
+
 def test_a_stopping_worker_tells_its_server_by_exit_status_never_by_signal() -> None:
     """A worker that finds the code changed or the server switched off stops the server
     through its exit status; it never signals its parent, which after the server's

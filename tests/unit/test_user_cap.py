@@ -178,7 +178,7 @@ def test_a_commit_that_cannot_run_takes_mps_back_from_its_job(
     monkeypatch.setattr(user_cap, "commit", stuck)
     ctx = SimpleNamespace(job_id=7, uid=0, gpus=(0,))
     with pytest.raises(TenancyError):
-        prolog._commit_cap(ctx, None, t, None, k)  # type: ignore[arg-type]
+        prolog._commit_cap(ctx, None, t, None, k, 0)  # type: ignore[arg-type]
     assert t.jobs_of(0, 0) == [6]
     assert not t.job_env_file(7).exists() and t.read_job_limits(7) is None
     assert t.read_job_limits(6) is not None
