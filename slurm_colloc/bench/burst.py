@@ -99,6 +99,9 @@ def markdown(result: Mapping[str, object], command: str) -> str:
             ("prolog wall p50 / p99 / max",
              f"{s['wall_p50_s']} / {s['wall_p99_s']} / {s['wall_max_s']} s"),
             ("prolog CPU p50 / p99", f"{s['cpu_p50_s']} / {s['cpu_p99_s']} s")]
+    if "submitter_nice" in result or "controller_nice" in result:  # how the lab modelled
+        rows.append(("submitters' / controller's nice (0: as is)",  # the other hosts
+                     f"{result.get('submitter_nice', 0)} / {result.get('controller_nice', 0)}"))
     body = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return (f"# Prolog burst ({result.get('variant', '')})\n\n"
             f"`{command}`\n\n| | |\n|---|---|\n{body}\n")

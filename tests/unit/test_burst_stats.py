@@ -54,3 +54,6 @@ def test_markdown_holds_the_command_and_the_figures() -> None:
     md = burst.markdown(out, "prolog_burst.py --jobs 150")
     assert "`prolog_burst.py --jobs 150`" in md and "150 (30)" in md and "0 / 0" in md
     assert "12.5" in md
+    assert "nice" not in md  # an older result: nothing modelled to say
+    md = burst.markdown({**out, "submitter_nice": -10, "controller_nice": 0}, "p")
+    assert "| submitters' / controller's nice (0: as is) | -10 / 0 |" in md
