@@ -130,6 +130,11 @@ def raise_session(nice: int = SERVER_NICE, autogroup: Path = AUTOGROUP) -> bool:
     group alone. Returns whether the weight was set; where there is no such group (the
     kernel has none, or the process sits in a CPU cgroup, where this file does
     nothing), the same work runs at its own priority.
+
+    Only the scripts are weighted: a daemon a script starts leaves the group (the MPS
+    control daemon's ``-d``, v2 and v3, runs with ``start_new_session``, whatever
+    NVIDIA's program does when it daemonises, so neither it nor the MPS servers it
+    spawns keep the weight; helpers are detached with ``setsid``, :mod:`slurm_colloc.detach`).
     """
     try:
         if os.getsid(0) != os.getpid():
@@ -138,3 +143,4 @@ def raise_session(nice: int = SERVER_NICE, autogroup: Path = AUTOGROUP) -> bool:
     except OSError:
         return False
     return True
+

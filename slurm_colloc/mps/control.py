@@ -355,9 +355,10 @@ class MpsDaemon:
             (self.pipe_dir / CONTROL_SOCKET).unlink()
         try:
             with waits.timed("mps start"):
-                cp = subprocess.run(
+                cp = subprocess.run(  # its session: priority.raise_session
                     [self.binary, "-d"], env=self._env(), capture_output=True, text=True,
                     timeout=timeout, check=False, stdin=subprocess.DEVNULL, cwd="/",
+                    start_new_session=True,
                 )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsControlError(f"{self.binary} -d: {e}") from e

@@ -162,16 +162,19 @@ SOCKET_GRACE_S = 1.0
 
 
 def run_bounded(argv: list[str], env: Mapping[str, str], timeout: float,
-                limit: int = MAX_OUTPUT) -> tuple[int, str, str]:
+                limit: int = MAX_OUTPUT, new_session: bool = False) -> tuple[int, str, str]:
     """Run without a shell; (status, stdout, stderr), each at most ``limit`` bytes.
 
     A daemonising program's grandchild may keep the pipes open: once the program
     itself has exited, what is left is read for a moment and then abandoned.
+    ``new_session``: the program (and the daemon it leaves) in a session of its own
+    (:func:`slurm_colloc.priority.raise_session`).
     Raises OSError (cannot run) or :class:`subprocess.TimeoutExpired`.
     """
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(env), cwd="/", close_fds=True, umask=DAEMON_UMASK,
+        start_new_session=new_session,
     )
     assert proc.stdout is not None and proc.stderr is not None
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
@@ -469,7 +472,7 @@ class MpsV3Node:
                          json.dumps({str(k): v for k, v in sorted(wanted.items())}))
         argv = [self.binary, "-d", "-p", "3", "-m", "-a", str(self.config_file)]
         try:
-            rc, out, err = run_bounded(argv, self._env(), self.timeout)
+            rc, out, err = run_bounded(argv, self._env(), self.timeout, new_session=True)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsV3Error(f"{' '.join(argv)}: {e}") from e
         if rc != 0:

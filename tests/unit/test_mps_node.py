@@ -291,3 +291,33 @@ def test_a_lock_holder_runs_ahead_and_a_daemon_it_starts_does_not(tmp_path: Path
         assert pid is not None and os.getpriority(os.PRIO_PROCESS, pid) == before
     finally:
         d.stop()
+
+
+def _session_recorder(tmp_path: Path) -> tuple[Path, Path]:
+    """A control program that records the session it runs in and fails its start (a
+    daemonising program that never calls setsid itself)."""
+    seen = tmp_path / "sid"
+    prog = tmp_path / "mps-control-no-setsid"
+    prog.write_text(f"#!/bin/sh\ncut -d' ' -f6 /proc/self/stat > {seen}\nexit 1\n")
+    prog.chmod(0o755)
+    return prog, seen
+
+
+def test_a_started_daemon_leaves_its_starters_session(tmp_path: Path) -> None:
+    """Issue 28: the script server weights its session's CPU group for the scripts
+    (``priority.raise_session``); an MPS control daemon started from a script must not
+    keep that weight, with its servers, for the rest of its life, whatever NVIDIA's
+    program does when it daemonises: its start runs in a session of its own (v2 and v3)."""
+    from slurm_colloc.mps import v3
+
+    prog, seen = _session_recorder(tmp_path)
+    t = Tenancy(tmp_path / "mps")
+    pipe, logdir = t.prepare_user_dirs(0, os.getuid())
+    with pytest.raises(MpsControlError, match="exited 1"):
+        MpsDaemon(str(prog), 0, pipe, logdir).start()
+    sid = int(seen.read_text())
+    assert sid != os.getsid(0)
+    seen.unlink()
+    rc, _, _ = v3.run_bounded([str(prog), "-d"], {"PATH": "/usr/bin:/bin"}, 10,
+                              new_session=True)
+    assert rc == 1 and int(seen.read_text()) != os.getsid(0)
