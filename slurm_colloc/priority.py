@@ -127,7 +127,8 @@ def raise_session(nice: int = SERVER_NICE, autogroup: Path = AUTOGROUP) -> bool:
     groups. The group must be its own: a detached process (double fork) is not its
     session's leader, so it first starts a session (and group) of its own; one that
     cannot (a process group leader, as a shell's foreground job) leaves its caller's
-    group alone. Returns whether the weight was set; where there is no such group (the
+    group alone. Returns whether the weight was set (a session of its own may have been
+    started even when it was not); where there is no such group (the
     kernel has none, or the process sits in a CPU cgroup, where this file does
     nothing), the same work runs at its own priority.
 

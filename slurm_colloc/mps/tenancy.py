@@ -254,9 +254,12 @@ class Tenancy:
 
     @contextlib.contextmanager
     def cap_locked(self, gpu: int, uid: int, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-        """Serialise the (GPU, user) server-cap commits (:mod:`slurm_colloc.node.user_cap`).
+        """Serialise the (GPU, user) daemon's start and server-cap commits
+        (:mod:`slurm_colloc.node.user_cap`), and its stop.
 
-        Taken without the GPU lock held, and no GPU lock is taken under it.
+        A prolog takes it without the GPU lock held; what stops the daemon (the epilog,
+        reaping) takes it under the GPU lock. No GPU lock is ever taken under it (one
+        order: no deadlock).
         """
         ensure_root_dir(self.user_dir(gpu, uid))
         with _flocked(self.user_dir(gpu, uid) / "cap.lock", f"GPU {gpu} user {uid} cap",

@@ -118,12 +118,14 @@ def release_mps(job_id: int, cfg: CollocConfig, result: EpilogResult) -> None:
                     result.released.append((g, uid))
                 for uid in tenancy.users_on(gpu):
                     if not tenancy.jobs_of(gpu, uid):
-                        d = daemon_for(cfg, tenancy, gpu, uid)
-                        if d.identity() is not None:
-                            d.stop()
-                            result.stopped_daemons.append((gpu, uid))
-                        # the user's last job here is over: nothing it planted stays
-                        tenancy.retire_pipe_dir(gpu, uid)
+                        # the cap lock: after a start in progress (prolog._ensure_daemon)
+                        with tenancy.cap_locked(gpu, uid):
+                            d = daemon_for(cfg, tenancy, gpu, uid)
+                            if d.identity() is not None:
+                                d.stop()
+                                result.stopped_daemons.append((gpu, uid))
+                            # the user's last job here is over: nothing it planted stays
+                            tenancy.retire_pipe_dir(gpu, uid)
         tenancy.forget_job_env(job_id)
     finally:
         done = tenancy.purge_quarantine()  # outside the GPU lock

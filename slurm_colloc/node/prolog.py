@@ -101,8 +101,9 @@ def reap_stale(
                 tenancy.remove_job(job)
                 reaped.append(job)
         if not tenancy.jobs_of(gpu, uid):
-            daemon_for(cfg, tenancy, gpu, uid).stop()
-            tenancy.retire_pipe_dir(gpu, uid)  # purged by the caller, after the lock
+            with tenancy.cap_locked(gpu, uid):  # after any start in progress (_ensure_daemon)
+                daemon_for(cfg, tenancy, gpu, uid).stop()
+                tenancy.retire_pipe_dir(gpu, uid)  # purged by the caller, after the lock
     return reaped
 
 
@@ -298,15 +299,30 @@ def _ensure_daemon(ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, daemon:
 
     A daemon that died with jobs registered is started afresh here too (its pipe
     directory retired first), so a new job never gets a pipe directory nothing answers in.
+    What stops a daemon (a user's last job ending, reaping) takes the cap lock too, so it
+    waits for a start in progress and stops a daemon whose identity is known. A failed
+    start withdraws the job before the cap lock is let go: the next job's commit, which
+    starts the daemon again, does not count it.
     """
     gpu = ctx.gpus[0]
     if daemon.running():
         return
-    tenancy.prepare_user_dirs(gpu, ctx.uid)
-    daemon.start()
-    if cfg.active_thread_percentage:
-        daemon.set_defaults(None, cfg.active_thread_percentage)
-    tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
+    try:
+        tenancy.prepare_user_dirs(gpu, ctx.uid)
+        daemon.start()
+    except Exception:
+        _withdraw(tenancy, ctx.job_id)  # under the cap lock: no later cap counts this job
+        raise
+    try:
+        if cfg.active_thread_percentage:
+            daemon.set_defaults(None, cfg.active_thread_percentage)
+        tenancy.hand_pipe_dir_to(gpu, ctx.uid, gid)
+    except Exception:
+        # a daemon in a pipe directory the user cannot enter would pass ``running()``
+        # for the next job too: stopped (no client can have reached it), started afresh
+        daemon.stop()
+        _withdraw(tenancy, ctx.job_id)
+        raise
 
 
 def _commit_cap(ctx: JobContext, cfg: CollocConfig, tenancy: Tenancy, daemon: MpsDaemon,
