@@ -19,6 +19,7 @@ import pytest
 from slurm_colloc.config import ConfigError, load
 from slurm_colloc.node import checkpoint_dir as cd
 from slurm_colloc.node.task_entry import task_prolog_main
+from tests.unit.forked import in_child
 
 USER = 65534
 OTHER = 1000
@@ -37,22 +38,13 @@ def base() -> Iterator[Path]:
 
 def _as_user(template: str, env: dict[str, str]) -> list[str]:
     """checkpoint_lines(template, env) run by a child that is uid/gid 65534."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setresgid(USER, USER, USER)
-            os.setresuid(USER, USER, USER)
-            os.write(w, json.dumps(cd.checkpoint_lines(template, env)).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return list(json.loads(data))
+    def child() -> str:
+        os.setgroups([])
+        os.setresgid(USER, USER, USER)
+        os.setresuid(USER, USER, USER)
+        return json.dumps(cd.checkpoint_lines(template, env))
+
+    return list(json.loads(in_child(child)))
 
 
 def _scratch(base: Path, mode: int = 0o1777) -> Path:

@@ -26,6 +26,7 @@ from slurm_colloc import root_lock
 from slurm_colloc.node import script_client as client
 from slurm_colloc.node import script_server as server
 from slurm_colloc.node import script_start
+from tests.unit.forked import in_child
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -435,23 +436,6 @@ def test_a_script_raises_itself_once_and_its_long_lived_children_get_nice_0() ->
     assert os.waitpid(pid, 0)[1] == 0
 
 
-def _in_child(fn) -> str:  # type: ignore[no-untyped-def]
-    """``fn()``'s string, computed in a forked child (a session change stays there)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            os.write(w, str(fn()).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        out = f.read()
-    os.waitpid(pid, 0)
-    return out
-
-
 def test_the_server_weights_its_own_session_group_and_no_one_elses(tmp_path) -> None:
     """Issue 28: where the kernel shares the CPUs between sessions first (autogroup),
     the served scripts' nice values counted only inside the server's one group, which
@@ -467,14 +451,14 @@ def test_the_server_weights_its_own_session_group_and_no_one_elses(tmp_path) -> 
         done = priority.raise_session(-10, fake)
         return f"{done} {os.getsid(0) == os.getpid()} {fake.read_text().strip()}"
 
-    assert _in_child(detached) == "True True -10"
+    assert in_child(detached) == "True True -10"
     fake.unlink()
 
     def group_leader() -> str:
         os.setpgid(0, 0)  # its own process group, in the caller's session
         return f"{priority.raise_session(-10, fake)} {fake.exists()}"
 
-    assert _in_child(group_leader) == "False False"
+    assert in_child(group_leader) == "False False"
 
     real = Path("/proc/self/autogroup")
 
@@ -483,11 +467,11 @@ def test_the_server_weights_its_own_session_group_and_no_one_elses(tmp_path) -> 
         return f"{done} {real.read_text().split()[-1] if real.exists() else '-'}"
 
     if not real.exists():  # a kernel without autogroup: nothing to weight, said so
-        assert _in_child(on_this_kernel) == "False -"
+        assert in_child(on_this_kernel) == "False -"
     elif os.geteuid() == 0:
-        assert _in_child(on_this_kernel) == f"True {priority.SERVER_NICE}"
+        assert in_child(on_this_kernel) == f"True {priority.SERVER_NICE}"
     else:  # a negative nice needs root: refused, the same work at its own weight
-        assert _in_child(on_this_kernel).startswith("False")
+        assert in_child(on_this_kernel).startswith("False")
 
 
 def test_a_stopping_worker_tells_its_server_by_exit_status_never_by_signal() -> None:
