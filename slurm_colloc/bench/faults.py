@@ -465,13 +465,18 @@ class Suite:
         return bool(rows) and rows[-1].alloc_tres.get("gres/shard", 0) >= 39
 
     def _settled(self, oom: int, jobs: list[int]) -> bool:
+        """Every job in a final state, the OOM job's requeue (if it OOM'd) done.
+
+        The restart count is read before the states: read after, a requeue landing
+        between the reads paired the old attempt's FAILED with the new count, and the
+        row ended with the job PENDING and counted it lost (seen: slurmd@epilog, the
+        late epilog's requeue 21 s after the job failed)."""
         try:
+            requeued = not self._oom_seen(oom) or self._restarts(oom) >= 1
             states = [job_state(self.slurm, j) for j in jobs]
         except SlurmError:
             return False
-        if not all(s in TERMINAL_STATES for s in states):
-            return False
-        return not self._oom_seen(oom) or self._restarts(oom) >= 1
+        return requeued and all(s in TERMINAL_STATES for s in states)
 
     def _count(self, out: Outcome, oom: int, jobs: list[int], back: float) -> None:
         settle_by = back + 300.0

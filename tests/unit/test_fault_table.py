@@ -96,3 +96,30 @@ def test_prolog_times_come_from_the_rows_own_jobs() -> None:
         "2026-11-28 10:00:04 colloc: prolog: job 12: a line without timing",
     ])
     assert faults.prolog_times(log, [11, 12]) == [0.41, 1.5]
+
+
+def test_a_requeue_between_the_reads_does_not_settle_the_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in faults --quick (slurmd@epilog): the late epilog requeued the OOM job
+    between the suite's state read (FAILED, the old attempt) and its restart read (1):
+    the row counted as settled and then found the job PENDING, one job "lost"."""
+    world: dict[str, object] = {"state": "FAILED", "restarts": 0}
+    reads: list[str] = []
+
+    def state(slurm: object, job: int) -> str:
+        reads.append("state")
+        if job != 2:
+            return "COMPLETED"
+        seen = str(world["state"])
+        if reads.count("state") == 1:
+            world.update(state="PENDING", restarts=1)  # the requeue lands just after
+        return seen
+
+    suite = object.__new__(faults.Suite)
+    suite.slurm = None  # type: ignore[assignment]
+    monkeypatch.setattr(faults, "job_state", state)
+    monkeypatch.setattr(suite, "_oom_seen", lambda job: True)
+    monkeypatch.setattr(suite, "_restarts", lambda job: int(world["restarts"]))  # type: ignore[call-overload]
+    assert not suite._settled(2, [2, 3])
+    world["state"] = "COMPLETED"
+    assert suite._settled(2, [2, 3])
