@@ -242,8 +242,13 @@ def _node_scripts_line(cfg: cfgmod.CollocConfig, jobs: list[int]) -> str:
         return ""
     took = percentile([r.wall_s for r in runs], 50)
     again = ", restarted" if served > 1 else ""
+    from slurm_colloc.node.script_server import GROUPED
+
+    grouped = next((ln.split(GROUPED, 1)[1].rstrip(")") for ln in lines
+                    if "script-server: job -: serving" in ln and GROUPED in ln), None)
+    weight = (f", {GROUPED}{grouped} ahead of the jobs'" if grouped else "")
     how = (f"the node's script server (started by the first prolog{again}) ran them in "
-           "forked workers" if served else "each ran in its own interpreter")
+           f"forked workers{weight}" if served else "each ran in its own interpreter")
     return (f"\nNode scripts: {len(runs)} prologs, median {took:.2f} s from each one's process "
             f"start (interpreter included); {how}.")
 

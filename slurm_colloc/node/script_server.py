@@ -58,6 +58,10 @@ PRELOAD = (
 
 log = logging.getLogger("colloc.node.script-server")
 
+GROUPED = "its CPU group at nice "
+"""On the ``serving`` log line when the server weighted its session's CPU group
+(:func:`slurm_colloc.priority.raise_session`); the demo reports it."""
+
 
 class Declined(ValueError):
     """A request this server does not run; the client runs the script itself."""
@@ -328,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     priority.raise_process(priority.SERVER_NICE)
     # ...and its session's group, which the kernel may share the CPUs by before any
     # nice value counts: its workers are every script the node runs (priority.py)
-    priority.raise_session(priority.SERVER_NICE)
+    grouped = priority.raise_session(priority.SERVER_NICE)
     from slurm_colloc.gpu.select import BACKEND_MODULES
 
     for name in (*PRELOAD, *BACKEND_MODULES.get(cfg.gpu_backend, ())):
@@ -339,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "stop", True))
     gc.collect()
     gc.freeze()  # workers' pages stay shared: reference counts no longer touch them
-    slog.info("serving %s (pid %d)", listener.getsockname(), os.getpid())
+    slog.info("serving %s (pid %d%s)", listener.getsockname(), os.getpid(),
+              f", {GROUPED}{priority.SERVER_NICE}" if grouped else "")
     why = server.run()
     with contextlib.suppress(OSError):
         os.unlink(listener.getsockname())

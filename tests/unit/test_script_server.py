@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurm_colloc import config as cfgmod
+from slurm_colloc import priority as priority_mod
 from slurm_colloc import root_lock
 from slurm_colloc.node import script_client as client
 from slurm_colloc.node import script_server as server
@@ -90,6 +91,9 @@ def test_a_served_prolog_logs_its_line_and_writes_to_the_clients_stderr(served, 
     log = (tmp_path / "colloc.log").read_text()
     assert "prolog: job 7: none gpu=None no GPU bound by slurmd [took " in log
     assert "script-server: job -: serving " in log
+    # root, on a kernel that groups by session: the server weighted its own group
+    grouped = os.geteuid() == 0 and Path("/proc/self/autogroup").exists()
+    assert (f"{server.GROUPED}{priority_mod.SERVER_NICE})" in log) == grouped
     # the job's context is in root's state, as after an in-process run
     assert (tmp_path / "mps").exists()
 
